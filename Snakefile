@@ -1,0 +1,64 @@
+"""specsweep: up to what load does speculative decoding pay off, on this stack?
+
+    snakemake --cores 1 crossover          # every variant's crossover (default config: simulated engine)
+    snakemake --cores 1 --configfile config/examples/kimi-k25-8gpu.yaml crossover
+    snakemake --cores 1 --forcerun results/demo/sim/eagle3/c10/summary.json crossover   # redo one cell
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+configfile: "config/config.yaml"
+
+# Run from a checkout even where the package is not installed; scripts see the same package.
+_PKG_ROOT = str(Path(workflow.basedir) / "workflow")
+sys.path.insert(0, _PKG_ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, os.environ.get("PYTHONPATH")) if p)
+# Servers are owned by this Snakemake process: their supervisors end them when it goes away.
+os.environ.setdefault("SPECSWEEP_OWNER_PID", str(os.getpid()))
+
+from specsweep import config as ssconfig
+
+_validated = ssconfig.validate(config)
+config.clear()
+config.update(_validated)
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/env.smk"
+include: "workflow/rules/cell.smk"
+include: "workflow/rules/crossover.smk"
+include: "workflow/rules/tracking.smk"
+
+
+rule all:
+    """Everything: crossovers, variant comparison, MLflow."""
+    default_target: True
+    input:
+        crossover_targets(),
+        comparison_targets(),
+
+
+rule crossover:
+    """Every variant's crossover, plots and policy, logged to MLflow."""
+    input:
+        crossover_targets(),
+
+
+onsuccess:
+    from specsweep.final import print_final
+    from specsweep.servers import stop_all
+
+    stop_all(STATE_DIR, reason="workflow finished")
+    print_final(config)
+
+
+onerror:
+    from specsweep.servers import stop_all
+
+    stop_all(STATE_DIR, reason="workflow failed")

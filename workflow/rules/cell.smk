@@ -1,0 +1,28 @@
+# One cell: variant x arm x concurrency (all repeats). The unit of measurement and of --forcerun.
+
+
+rule cell:
+    """Measure one cell against its arm's server (started once per arm and reused across its cells)."""
+    input:
+        unpack(cell_inputs),
+    output:
+        requests=RES / "{variant}" / "{arm}" / "c{c}" / "requests.parquet",
+        summary=report(
+            RES / "{variant}" / "{arm}" / "c{c}" / "summary.json",
+            category="Cells",
+            subcategory="{variant}",
+            labels={"variant": "{variant}", "arm": "{arm}", "concurrency": "{c}"},
+        ),
+    log:
+        LOGS / "cells" / "{variant}.{arm}.c{c}.log",
+    wildcard_constraints:
+        c=r"\d+",
+    priority: cell_priority
+    params:
+        spec=cell_spec_json,
+        out_dir=lambda w: RES / w.variant / w.arm / f"c{w.c}",
+        state_dir=STATE_DIR,
+        server_logs=LOGS / "servers",
+    shell:
+        "{SPECSWEEP} cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
+        " --state-dir {params.state_dir} --server-log-dir {params.server_logs} > {log} 2>&1"

@@ -1,0 +1,77 @@
+# Config helpers and input functions shared by the rules.
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from specsweep.config import cell_spec, dumps, requests_for, server_group_priority, speculative_arms
+
+EXP = config["experiment"]
+RES = Path(config["results_dir"]) / EXP
+STATE_DIR = RES / ".servers"
+LOGS = RES / "logs"
+VARIANTS = list(config["variants"])
+ARMS = list(config["arms"])
+LEVELS = sorted(config["concurrency"])
+BASELINE_ARM = config["analysis"]["baseline_arm"]
+SPECSWEEP = f"{shlex.quote(sys.executable)} -m specsweep"
+TRACKING = config["mlflow"]["enabled"]
+CONFIG_JSON = dumps(config)
+
+
+def known(kind, name, names):
+    """Refuse an unknown variant or arm in a target, listing the known ones."""
+    if name not in names:
+        raise ValueError(
+            f"unknown {kind} '{name}' in the requested target; known {kind}s: {', '.join(names)}"
+            f" (defined in the config under '{kind}s')"
+        )
+    return name
+
+
+def cell_path(variant, arm, c, name):
+    return RES / variant / arm / f"c{c}" / name
+
+
+def arm_cells(wildcards, name="summary.json"):
+    known("variant", wildcards.variant, VARIANTS)
+    known("arm", wildcards.arm, ARMS)
+    return [cell_path(wildcards.variant, wildcards.arm, c, name) for c in LEVELS]
+
+
+def variant_cells(wildcards, name="summary.json"):
+    known("variant", wildcards.variant, VARIANTS)
+    return [cell_path(wildcards.variant, a, c, name) for a in ARMS for c in LEVELS]
+
+
+def cell_inputs(wildcards):
+    variant = known("variant", wildcards.variant, VARIANTS)
+    known("arm", wildcards.arm, ARMS)
+    if int(wildcards.c) not in LEVELS:
+        raise ValueError(
+            f"concurrency {wildcards.c} is not among the configured levels {LEVELS}; add it to 'concurrency'"
+        )
+    inputs = {"env": RES / "envs" / f"{variant}.json"}
+    if config["variants"][variant].get("model_builder"):
+        inputs["model"] = RES / "models" / variant / "config.json"
+    return inputs
+
+
+def cell_spec_json(wildcards):
+    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, int(wildcards.c)))
+
+
+def cell_priority(wildcards):
+    return server_group_priority(config, wildcards.variant, wildcards.arm)
+
+
+def crossover_targets():
+    targets = [RES / v / "crossover.json" for v in VARIANTS]
+    if TRACKING:
+        targets += [RES / v / "mlflow_crossover.json" for v in VARIANTS]
+    return targets
+
+
+def comparison_targets():
+    return [RES / "comparison" / "comparison.json"] if len(VARIANTS) > 1 else []

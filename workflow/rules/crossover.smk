@@ -1,0 +1,46 @@
+# The answer per variant: crossover with its interval, plots, policy; and variants side by side.
+
+
+rule crossover_variant:
+    """Speedup of each speculative arm over the baseline per level, the crossover and the policy."""
+    input:
+        summaries=variant_cells,
+        requests=lambda w: variant_cells(w, "requests.parquet"),
+        env=RES / "envs" / "{variant}.json",
+    output:
+        crossover=report(
+            RES / "{variant}" / "crossover.json", category="Crossover", subcategory="{variant}",
+            caption="../report/crossover.rst", labels={"variant": "{variant}", "figure": "crossover table"},
+        ),
+        policy=report(
+            RES / "{variant}" / "policy.yaml", category="Crossover", subcategory="{variant}",
+            caption="../report/policy.rst", labels={"variant": "{variant}", "figure": "policy"},
+        ),
+        plots=report(
+            directory(RES / "{variant}" / "plots"), patterns=["{name}.png"], category="Plots",
+            subcategory="{variant}", caption="../report/plots.rst", labels={"variant": "{variant}", "figure": "{name}"},
+        ),
+    log:
+        LOGS / "crossover" / "{variant}.log",
+    params:
+        config=CONFIG_JSON,
+        cells_root=lambda w: RES / w.variant,
+        out_dir=lambda w: RES / w.variant,
+    shell:
+        "{SPECSWEEP} crossover --variant {wildcards.variant} --config {params.config:q}"
+        " --cells-root {params.cells_root} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule compare:
+    """The same arm's curves across variants, with ratios per level."""
+    input:
+        [RES / v / "crossover.json" for v in VARIANTS],
+    output:
+        RES / "comparison" / "comparison.json",
+    log:
+        LOGS / "comparison.log",
+    params:
+        config=CONFIG_JSON,
+        out_dir=RES / "comparison",
+    shell:
+        "{SPECSWEEP} compare --config {params.config:q} --experiment-dir {RES} --out-dir {params.out_dir} > {log} 2>&1"

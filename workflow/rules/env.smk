@@ -1,0 +1,30 @@
+# The stack under test: build (or reuse) each variant's environment and record its fingerprint.
+
+
+rule env:
+    """Build the variant's environment from its envs/ recipe (reused while unchanged) and fingerprint it."""
+    output:
+        RES / "envs" / "{variant}.json",
+    log:
+        LOGS / "env" / "{variant}.log",
+    params:
+        variant=lambda w: dumps(config["variants"][known("variant", w.variant, VARIANTS)]),
+        envs_root=Path(config["results_dir"]) / "_envs",
+    shell:
+        "{SPECSWEEP} fingerprint --variant-name {wildcards.variant} --variant {params.variant:q}"
+        " --envs-root {params.envs_root} --out {output} > {log} 2>&1"
+
+
+rule model:
+    """Build a model locally (no downloads) for variants with a model_builder, in the variant's environment."""
+    input:
+        env=RES / "envs" / "{variant}.json",
+    output:
+        RES / "models" / "{variant}" / "config.json",
+    log:
+        LOGS / "model" / "{variant}.log",
+    params:
+        builder=lambda w: config["variants"][known("variant", w.variant, VARIANTS)]["model_builder"],
+        out_dir=lambda w: RES / "models" / w.variant,
+    shell:
+        "{SPECSWEEP} build-model --env {input.env} --builder {params.builder} --out {params.out_dir} > {log} 2>&1"

@@ -1,0 +1,191 @@
+"""One cell (variant x arm x concurrency, all repeats): get the arm's server, warm up, measure, write atomically.
+
+Run by the Snakemake `cell` rule, and standalone: `specsweep cell --spec JSON --env ENV.json --out-dir DIR ...`
+(`--spec` is what `specsweep.config.cell_spec` returns). Without a Snakemake owner the server it starts stops
+when this process ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specsweep import servers
+from specsweep.client.backends import RequestSpec
+from specsweep.client.bench import level_summary, write_cell
+from specsweep.client.loadgen import measure_level, new_session, run_closed_loop
+from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
+from specsweep.engines import get_engine
+from specsweep.engines.base import ServerSpec
+from specsweep.io import read_json
+
+SCHEMA_VERSION = 1
+
+
+class CellError(RuntimeError):
+    """The cell could not be measured; the message says why and what to do."""
+
+
+def gates_for_metrics(gates: dict[str, Any]) -> dict[str, float]:
+    """Config gate names -> the metrics module's names."""
+    return {
+        "loop_lag_p99_ms": float(gates.get("max_loop_lag_p99_ms", 5.0)),
+        "min_concurrency_fraction": float(gates.get("min_achieved_concurrency_ratio", 0.95)),
+        "max_error_rate": float(gates.get("max_error_rate", 0.0)),
+    }
+
+
+def resolve_variant(spec: dict[str, Any], env_fp: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The variant with its model path resolved, and the interpreter its server runs in."""
+    variant = dict(spec["variant"])
+    python = variant.get("python") or env_fp.get("python") or sys.executable
+    if variant.get("model_builder"):
+        variant["model"] = str(
+            (Path(spec["results_dir"]) / spec["experiment"] / "models" / spec["variant_name"]).resolve()
+        )
+    return variant, python
+
+
+def api_key_for(variant: dict[str, Any]) -> str | None:
+    name = variant.get("api_key_env")
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise CellError(
+            f"variant needs an API key from the environment variable {name} (api_key_env), which is not set; "
+            f"export {name}=... before running"
+        )
+    return value
+
+
+async def build_prompts(spec: dict[str, Any], url: str, headers: dict[str, str] | None,
+                        tokenizer_path: str | None) -> PromptSet:
+    workload = spec["workload"]
+    n = spec["n_requests"] + workload["warmup_requests"]
+    if workload.get("prompts_file"):
+        path = Path(workload["prompts_file"])
+        if not path.is_file():
+            raise CellError(f"workload.prompts_file {path} does not exist; fix the path or set it to null")
+        return load_prompts_file(path, n)
+    return await make_prompts_auto(
+        n, workload["input_tokens"], workload["seed"], url=url, tokenizer_path=tokenizer_path, headers=headers,
+    )
+
+
+async def measure(spec: dict[str, Any], server: ServerSpec, url: str, engine: Any, api_key: str | None,
+                  tokenizer_path: str | None) -> tuple[Any, dict[str, Any]]:
+    """Warm up, snapshot counters, measure all repeats, snapshot counters; returns (records, summary)."""
+    workload = spec["workload"]
+    concurrency, n_requests = spec["concurrency"], spec["n_requests"]
+    req = RequestSpec(
+        url=url, backend=server.client_backend, endpoint=workload.get("endpoint", "completions"),
+        model=spec["variant"].get("model") if server.engine != "sim" else None,
+        temperature=workload["temperature"], request_timeout_s=workload["request_timeout_s"], api_key=api_key,
+    )
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    prompts = await build_prompts(spec, url, headers, tokenizer_path)
+    async with new_session(concurrency) as session:
+        info = await engine.server_info(session, url)
+        warmup = workload["warmup_requests"]
+        warmup_errors = 0
+        if warmup:
+            # Warm-up prompts come after the measured ones, so the measured prompts meet a cold cache.
+            recs = await run_closed_loop(session, req, prompts, workload["output_tokens"],
+                                         min(concurrency, warmup), warmup, prompt_offset=n_requests)
+            warmup_errors = sum(not r.ok for r in recs)
+        use_counters = spec["arm"]["speculative"] and (server.engine == "vllm" or req.backend == "openai")
+        before = await engine.spec_counters(session, url) if use_counters else None
+        started = time.monotonic()
+        level = await measure_level(req, concurrency, n_requests, prompts, workload["output_tokens"],
+                                    warmup=0, repeats=spec["repeats"], flush=True, session=session)
+        measured_s = time.monotonic() - started
+        after = await engine.spec_counters(session, url) if use_counters else None
+    level.warmup_errors = warmup_errors
+    counters = (before, after) if before is not None and after is not None else None
+    max_running = info.get("max_running_requests") if isinstance(info, dict) else None
+    slos = {k: v for k, v in spec["slo"].items() if v is not None}
+    summary = level_summary(
+        level, prompts, req, workload["output_tokens"], slos, gates_for_metrics(spec["gates"]),
+        int(max_running) if isinstance(max_running, int | float) else None, counters,
+    )
+    summary["workload"].update(
+        {"input_tokens": workload["input_tokens"], "seed": workload["seed"], "warmup_requests": warmup}
+    )
+    summary["measured_s"] = measured_s
+    summary["server_info"] = info
+    return level.records, summary
+
+
+def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path) -> dict:
+    env_fp = read_json(env_json)
+    variant, python = resolve_variant(spec, env_fp)
+    engine = get_engine(variant["engine"])
+    arm_name, arm = spec["arm_name"], spec["arm"]
+    api_key = api_key_for(variant)
+    label = f"{spec['variant_name']}/{arm_name}"
+    host = variant.get("host") or "127.0.0.1"
+
+    def make_spec(port: int) -> ServerSpec:
+        return engine.server_spec(variant, arm_name, arm, host, port, python)
+
+    tokenizer_path = variant.get("model") if variant["engine"] != "sim" else None
+    log_path = server_log_dir / f"{spec['variant_name']}.{arm_name}.log"
+    t_ask = time.monotonic()
+    with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
+        server_ready_s = time.monotonic() - t_ask
+        server = make_spec(rec.port)
+        records, summary = asyncio.run(measure(spec, server, rec.base_url, engine, api_key, tokenizer_path))
+    key = f"{spec['experiment']}/{spec['variant_name']}/{arm_name}/c{spec['concurrency']}"
+    summary.update({
+        "schema_version": SCHEMA_VERSION,
+        "cell": {"experiment": spec["experiment"], "variant": spec["variant_name"], "arm": arm_name,
+                 "concurrency": spec["concurrency"], "key": key, "speculative": bool(arm["speculative"])},
+        "source": server.source,
+        "engine": server.engine,
+        "client_backend": server.client_backend,
+        "server": {**server.public_dict(), "info": summary.pop("server_info"), "pid": rec.server_pid,
+                   "ready_after_s": server_ready_s},
+        "stack": {"fingerprint": str(env_json), "recipe_sha256": env_fp.get("recipe_sha256")},
+    })
+    write_cell(out_dir, records, summary)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", required=True, help="the cell as JSON text (specsweep.config.cell_spec) or a file")
+    parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
+    parser.add_argument("--server-log-dir", required=True, type=Path)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.spec if args.spec.lstrip().startswith("{") else Path(args.spec).read_text()
+    spec = json.loads(text)
+    try:
+        summary = run_cell(spec, args.env, args.out_dir, args.state_dir, args.server_log_dir)
+    except (CellError, servers.ServerError) as e:
+        print(f"cell failed: {e}", file=sys.stderr)
+        return 1
+    m, v = summary["metrics"], summary["validity"]
+    print(json.dumps({"cell": summary["cell"]["key"], "source": summary["source"],
+                      "output_tok_s_steady": m.get("output_tok_s_steady"), "valid": v["valid"],
+                      "reasons": v["reasons"], "flags": v["flags"]}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.cell", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

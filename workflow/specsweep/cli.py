@@ -1,0 +1,48 @@
+"""The `specsweep` console command: one subcommand per module, each also runnable standalone."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve-sim": ("specsweep.sim.server", "run the simulated engine server (OpenAI + SGLang APIs)"),
+    "predict": ("specsweep.sim.predict", "predict a sweep and its crossover in virtual time"),
+    "calibrate": ("specsweep.sim.calibrate", "fit a simulated-engine profile to measured cells"),
+    "bench": ("specsweep.client.bench", "measure a running server at several concurrency levels"),
+    "fingerprint": ("specsweep.fingerprint", "write a stack fingerprint JSON"),
+    "cell": ("specsweep.cell", "measure one cell (variant x arm x concurrency)"),
+    "servers": ("specsweep.servers", "list or stop the servers of an experiment"),
+    "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),
+    "compare": ("specsweep.analysis.compare", "compare variants arm by arm"),
+    "track": ("specsweep.tracking", "log cells and crossovers to MLflow"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specsweep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        # Arguments are added lazily in main() so that one broken module never hides the others' help.
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in SUBCOMMANDS:
+        module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+        sub = argparse.ArgumentParser(prog=f"specsweep {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
+        module.add_arguments(sub)
+        args = sub.parse_args(argv[1:])
+        return int(module.run(args) or 0)
+    parser.parse_args(argv)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Experiment config: validation with clear messages, and the derived facts the Snakefile and scripts share."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SCHEMA_PATH = PACKAGE_DIR.parent / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config problem, worded for the person who wrote the config."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    variant: str
+    arm: str
+    concurrency: int
+
+    def key(self, experiment: str) -> str:
+        return f"{experiment}/{self.variant}/{self.arm}/c{self.concurrency}"
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing file with --configfile")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _schema() -> dict[str, Any]:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _describe(error: Any) -> str:
+    where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+    msg = error.message
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    hint = ""
+    if error.validator == "additionalProperties" and "properties" in schema:
+        hint = f"; allowed keys here: {', '.join(sorted(schema['properties']))}"
+    elif error.validator == "enum":
+        hint = f"; allowed values: {', '.join(map(str, error.validator_value))}"
+    elif "description" in schema:
+        hint = f" ({schema['description']})"
+    return f"config error at '{where}': {msg}{hint}"
+
+
+def validate(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate against the schema, fill its defaults, and check what a schema cannot express.
+
+    Returns a new dict; raises ConfigError naming the key and the fix.
+    """
+    import jsonschema
+
+    config = copy.deepcopy(config)
+    schema = _schema()
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator = _with_defaults(validator_cls)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError("\n".join(_describe(e) for e in errors[:5]))
+    _check_semantics(config)
+    return config
+
+
+def _with_defaults(validator_cls: Any) -> Any:
+    """A validator that also fills schema defaults (also inside additionalProperties maps)."""
+    import jsonschema
+
+    validate_properties = validator_cls.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: Any, instance: Any, schema: Any) -> Any:
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})
+
+
+def _check_semantics(config: dict[str, Any]) -> None:
+    arms = config["arms"]
+    base = config["analysis"]["baseline_arm"]
+    if base not in arms:
+        raise ConfigError(
+            f"config error at 'analysis/baseline_arm': arm '{base}' is not defined; known arms: {', '.join(arms)}"
+        )
+    if arms[base]["speculative"]:
+        raise ConfigError(f"config error at 'arms/{base}': the baseline arm must have speculative: false")
+    if not any(a["speculative"] for a in arms.values()):
+        raise ConfigError("config error at 'arms': define at least one arm with speculative: true")
+    for name, variant in config["variants"].items():
+        for arm in variant.get("arm_server_args", {}):
+            if arm not in arms:
+                raise ConfigError(
+                    f"config error at 'variants/{name}/arm_server_args/{arm}': unknown arm; "
+                    f"known arms: {', '.join(arms)}"
+                )
+        if variant["engine"] in ("sglang", "vllm") and not (variant.get("model") or variant.get("model_builder")):
+            raise ConfigError(
+                f"config error at 'variants/{name}/model': engine {variant['engine']} needs a model path "
+                "(or model_builder: tiny-llama)"
+            )
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    return validate(load_yaml(path))
+
+
+def requests_for(config: dict[str, Any], concurrency: int) -> int:
+    """Requests measured at one level: at least 2*C so every slot turns over, and at least the floor."""
+    rule = config["workload"]["requests"]
+    n = max(int(rule["floor"]), int(round(rule["per_concurrency"] * concurrency)), 2 * concurrency)
+    if rule.get("max"):
+        n = min(n, int(rule["max"]))
+    return n
+
+
+def speculative_arms(config: dict[str, Any]) -> list[str]:
+    return [name for name, arm in config["arms"].items() if arm["speculative"]]
+
+
+def cells(config: dict[str, Any]) -> list[Cell]:
+    return [
+        Cell(v, a, c)
+        for v in config["variants"]
+        for a in config["arms"]
+        for c in sorted(config["concurrency"])
+    ]
+
+
+def server_group_priority(config: dict[str, Any], variant: str, arm: str) -> int:
+    """Snakemake priority that runs all cells of one server (variant x arm) back to back, so each
+    server starts once per sweep even though every cell is its own job."""
+    groups = [(v, a) for v in config["variants"] for a in config["arms"]]
+    return len(groups) - groups.index((variant, arm))
+
+
+def cell_dir(config: dict[str, Any], cell: Cell) -> Path:
+    return Path(config["results_dir"]) / config["experiment"] / cell.variant / cell.arm / f"c{cell.concurrency}"
+
+
+def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) -> dict[str, Any]:
+    """Everything one cell's measurement depends on (a Snakemake param: changing it reruns the cell)."""
+    return {
+        "experiment": config["experiment"],
+        "results_dir": config["results_dir"],
+        "variant_name": variant,
+        "variant": config["variants"][variant],
+        "arm_name": arm,
+        "arm": config["arms"][arm],
+        "concurrency": int(concurrency),
+        "n_requests": requests_for(config, int(concurrency)),
+        "repeats": config["repeats"],
+        "workload": config["workload"],
+        "gates": config["gates"],
+        "slo": config["slo"],
+    }
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,50 @@
+"""Secret redaction: API keys never reach results, logs, fingerprints or MLflow."""
+
+from __future__ import annotations
+
+import os
+import re
+
+SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--token"}
+MASK = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Mask the values of secret-bearing flags (`--api-key X` and `--api-key=X`)."""
+    out: list[str] = []
+    mask_next = False
+    for a in argv:
+        if mask_next:
+            out.append(MASK)
+            mask_next = False
+        elif a in SECRET_FLAGS:
+            out.append(a)
+            mask_next = True
+        elif "=" in a and a.split("=", 1)[0] in SECRET_FLAGS:
+            out.append(a.split("=", 1)[0] + "=" + MASK)
+        else:
+            out.append(a)
+    return [redact_text(a) for a in out]
+
+
+def secret_values() -> list[str]:
+    """Values of secret-looking environment variables currently set (long enough to be worth masking)."""
+    return [v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 6]
+
+
+def redact_text(text: str) -> str:
+    """Replace every secret value found in the environment by the mask."""
+    for value in secret_values():
+        text = text.replace(value, MASK)
+    return text
+
+
+def safe_environ(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment without secret-looking variables, for fingerprints."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if not is_secret_name(k)}

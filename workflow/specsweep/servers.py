@@ -1,0 +1,412 @@
+"""Server lifecycle: one server per resource (GPU set), reused by identity, never outliving its workflow.
+
+A cell asks for its server with `acquire()`. A healthy server with the same identity is reused; anything else
+holding the same resource is stopped first. Each server runs under a supervisor process in its own session that
+ends the whole server process tree when the owner (the Snakemake process, or the cell itself when run alone)
+goes away, however it goes away: normal end, failure, Ctrl-C, SIGTERM or SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from specsweep.engines.base import ServerSpec
+from specsweep.io import atomic_write_json, tail_lines
+from specsweep.redact import redact_text
+
+OWNER_ENV = "SPECSWEEP_OWNER_PID"
+POLL_S = 0.25
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or became unusable; the message carries the command and log tail."""
+
+
+@dataclass
+class ServerRecord:
+    identity: str
+    resource: str
+    engine: str
+    label: str
+    host: str
+    port: int
+    supervisor_pid: int
+    server_pid: int
+    owner_pid: int
+    owner_started: float
+    started_at: float
+    log_path: str
+    command: list[str]  # redacted
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+# ---------------------------------------------------------------- state files
+
+
+def _slug(resource: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in resource)
+
+
+def _record_path(state_dir: Path, resource: str) -> Path:
+    return state_dir / f"{_slug(resource)}.json"
+
+
+def read_record(path: Path) -> ServerRecord | None:
+    try:
+        return ServerRecord(**json.loads(path.read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def records(state_dir: Path) -> list[ServerRecord]:
+    if not state_dir.is_dir():
+        return []
+    out = [read_record(p) for p in sorted(state_dir.glob("*.json"))]
+    return [r for r in out if r is not None]
+
+
+def log_event(state_dir: Path, event: str, **fields: Any) -> None:
+    """One line per lifecycle event in servers.log: how often each server started is read from here."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    text = " ".join(f"{k}={v}" for k, v in fields.items())
+    with open(state_dir / "servers.log", "a") as fh:
+        fh.write(f"{stamp} {event} {text}\n")
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def process_started(pid: int) -> float | None:
+    """Start time of a live process (guards against pid reuse), None if it is gone."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except psutil.Error:
+        return None
+
+
+def owner_alive(pid: int, started: float) -> bool:
+    now = process_started(pid)
+    return now is not None and abs(now - started) < 1.0
+
+
+def kill_tree(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the process, its process group and all descendants; SIGKILL what is left after grace_s."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(host: str, configured: int | None, where: str) -> int:
+    """The configured port if it is free (else a clear error), or a free one."""
+    if configured:
+        if not port_free(host, configured):
+            raise ServerError(
+                f"port {configured} on {host} is already in use ({where}); stop what holds it, "
+                "choose another port, or set it to null so a free port is picked"
+            )
+        return configured
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def http_status(url: str, timeout: float = 5.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+
+
+def is_ready(base_url: str, paths: tuple[str, ...], timeout: float = 5.0) -> bool:
+    """Ready when the first readiness path the server knows (not 404) answers 200."""
+    for path in paths:
+        status = http_status(base_url + path, timeout=timeout)
+        if status == 404:
+            continue
+        return status == 200
+    return False
+
+
+# ---------------------------------------------------------------- stop / start
+
+
+def stop_record(state_dir: Path, rec: ServerRecord, reason: str, grace_s: float = 10.0) -> None:
+    if process_started(rec.supervisor_pid) is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec.supervisor_pid, signal.SIGTERM)
+    if process_started(rec.server_pid) is not None:
+        kill_tree(rec.server_pid, grace_s=grace_s)
+    # The supervisor removes the record on its way out; make sure it is gone in any case.
+    path = _record_path(state_dir, rec.resource)
+    current = read_record(path)
+    if current is not None and current.server_pid == rec.server_pid:
+        path.unlink(missing_ok=True)
+    log_event(state_dir, "stop", label=rec.label, identity=rec.identity, pid=rec.server_pid, reason=reason)
+
+
+def stop_all(state_dir: str | Path, reason: str = "workflow end") -> int:
+    """Stop every server of an experiment. Returns how many were stopped."""
+    state_dir = Path(state_dir)
+    n = 0
+    with _flock(state_dir / "state.lock"):
+        for rec in records(state_dir):
+            stop_record(state_dir, rec, reason)
+            n += 1
+    return n
+
+
+def _owner() -> tuple[int, float]:
+    pid = int(os.environ.get(OWNER_ENV) or os.getpid())
+    started = process_started(pid)
+    if started is None:  # the named owner is gone already: the caller owns the server
+        pid = os.getpid()
+        started = process_started(pid) or time.time()
+    return pid, started
+
+
+def _start(
+    state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]
+) -> ServerRecord:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_file = state_dir / f"{_slug(spec.resource)}.spec.json"
+    atomic_write_json(spec_file, {"spec": asdict(spec), "label": label, "log_path": str(log_path)})
+    record_path = _record_path(state_dir, spec.resource)
+    record_path.unlink(missing_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {label}: {' '.join(spec.public_dict()['argv'])}\n")
+    with open(log_path, "a") as log:
+        subprocess.Popen(
+            [
+                sys.executable, "-m", "specsweep.servers", "supervise",
+                "--spec-file", str(spec_file), "--record", str(record_path),
+                "--owner-pid", str(owner[0]), "--owner-started", repr(owner[1]),
+            ],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec = read_record(record_path)
+        if rec is not None:
+            log_event(
+                state_dir, "start", label=label, identity=spec.identity, pid=rec.server_pid, port=spec.port,
+            )
+            return rec
+        time.sleep(0.05)
+    raise ServerError(f"the server supervisor for {label} did not come up; see {log_path}")
+
+
+def _wait_ready(state_dir: Path, rec: ServerRecord, spec: ServerSpec) -> None:
+    deadline = time.monotonic() + spec.startup_timeout_s
+    while True:
+        if process_started(rec.server_pid) is None:
+            _fail(state_dir, rec, spec, "the server process exited during start-up")
+        if is_ready(rec.base_url, spec.readiness_paths, timeout=2.0):
+            return
+        if time.monotonic() > deadline:
+            _fail(state_dir, rec, spec, f"the server was not ready within {spec.startup_timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def _fail(state_dir: Path, rec: ServerRecord, spec: ServerSpec, why: str) -> None:
+    stop_record(state_dir, rec, reason="start-up failed", grace_s=3.0)
+    tail = redact_text("\n".join(tail_lines(Path(rec.log_path), 50)))
+    raise ServerError(
+        f"{why} ({rec.label}).\ncommand: {' '.join(spec.public_dict()['argv'])}\n"
+        f"log: {rec.log_path}\n--- last 50 lines of the server log ---\n{tail}"
+    )
+
+
+@contextlib.contextmanager
+def acquire(
+    state_dir: str | Path,
+    make_spec: Callable[[int], ServerSpec],
+    host: str,
+    configured_port: int | None,
+    label: str,
+    log_path: str | Path,
+) -> Iterator[ServerRecord]:
+    """Hold the server for `make_spec(port)` for the duration of the block (one cell's measurement).
+
+    The resource lock is held throughout, so no other cell can stop this server mid-measurement.
+    """
+    state_dir = Path(state_dir)
+    probe = make_spec(configured_port or 0)
+    with _flock(state_dir / f"{_slug(probe.resource)}.lock"):
+        with _flock(state_dir / "state.lock"):
+            owner = _owner()
+            rec = read_record(_record_path(state_dir, probe.resource))
+            reusable = (
+                rec is not None
+                and rec.identity == probe.identity
+                and rec.owner_pid == owner[0]
+                and process_started(rec.server_pid) is not None
+                and is_ready(rec.base_url, probe.readiness_paths)
+            )
+            if rec is not None and not reusable:
+                stop_record(state_dir, rec, reason=f"resource {probe.resource} needed by {label}")
+            if reusable:
+                assert rec is not None
+                log_event(state_dir, "reuse", label=label, identity=rec.identity, pid=rec.server_pid)
+                spec = make_spec(rec.port)
+            else:
+                port = pick_port(host, configured_port, label)
+                spec = make_spec(port)
+                rec = _start(state_dir, spec, label, Path(log_path), owner)
+        if not reusable:
+            _wait_ready(state_dir, rec, spec)
+            log_event(state_dir, "ready", label=label, identity=rec.identity, pid=rec.server_pid)
+        yield rec
+        if process_started(rec.server_pid) is None:
+            raise ServerError(f"the server of {label} exited during the cell; see {rec.log_path}")
+
+
+# ---------------------------------------------------------------- supervisor
+
+
+def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started: float) -> int:
+    """Run the server and end its whole tree when the owner goes away or a stop is asked (SIGTERM)."""
+    data = json.loads(spec_file.read_text())
+    spec = ServerSpec(**{**data["spec"], "readiness_paths": tuple(data["spec"]["readiness_paths"]),
+                         "secret_env": tuple(data["spec"]["secret_env"])})
+    env = {**os.environ, **spec.env}
+    env.pop(OWNER_ENV, None)
+    log = open(data["log_path"], "a")  # noqa: SIM115 - lives as long as the server
+    server = subprocess.Popen(
+        spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    rec = ServerRecord(
+        identity=spec.identity, resource=spec.resource, engine=spec.engine, label=data["label"],
+        host=spec.host, port=spec.port, supervisor_pid=os.getpid(), server_pid=server.pid,
+        owner_pid=owner_pid, owner_started=owner_started, started_at=time.time(),
+        log_path=data["log_path"], command=spec.public_dict()["argv"],
+    )
+    atomic_write_json(record_path, asdict(rec))
+    stop = {"asked": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["asked"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    reason = "stop asked"
+    while not stop["asked"]:
+        if server.poll() is not None:
+            reason = f"server exited with code {server.returncode}"
+            break
+        if not owner_alive(owner_pid, owner_started):
+            reason = f"owner process {owner_pid} is gone"
+            break
+        time.sleep(POLL_S)
+    print(f"supervisor: {reason}; stopping the server tree", file=log, flush=True)
+    if server.poll() is None:
+        kill_tree(server.pid, grace_s=10.0)
+    else:
+        kill_tree(server.pid, grace_s=1.0)  # children may outlive a crashed parent
+    current = read_record(record_path)
+    if current is not None and current.server_pid == server.pid:
+        record_path.unlink(missing_ok=True)
+        log_event(record_path.parent, "stop", label=rec.label, identity=rec.identity, pid=server.pid,
+                  reason=reason.replace(" ", "_"))
+    return 0
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="list running servers of an experiment")
+    ls.add_argument("--state-dir", required=True, type=Path)
+    st = sub.add_parser("stop", help="stop every server of an experiment")
+    st.add_argument("--state-dir", required=True, type=Path)
+    sv = sub.add_parser("supervise", help="(internal) run and watch one server")
+    sv.add_argument("--spec-file", required=True, type=Path)
+    sv.add_argument("--record", required=True, type=Path)
+    sv.add_argument("--owner-pid", required=True, type=int)
+    sv.add_argument("--owner-started", required=True, type=float)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "supervise":
+        return supervise(args.spec_file, args.record, args.owner_pid, args.owner_started)
+    if args.action == "stop":
+        n = stop_all(args.state_dir, reason="asked by user")
+        print(f"stopped {n} server(s)")
+        return 0
+    for rec in records(args.state_dir):
+        alive = process_started(rec.server_pid) is not None
+        print(f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.servers", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

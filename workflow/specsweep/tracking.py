@@ -1,0 +1,298 @@
+"""MLflow logging, fed from the local result files (the source of truth).
+
+Layout for the MLflow UI: per variant x arm a *sweep* run whose metrics are logged with step = concurrency (the
+chart view draws curves against concurrency, variants side by side), the *cell* runs nested under it, and a
+*crossover* run per variant. Logging is idempotent: a cell whose summary.json is unchanged keeps its run; a
+re-measured cell gets a new run tagged with its cell key, and the run it replaces is marked superseded and
+deleted (restorable in MLflow; the files it came from were overwritten by the rerun anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specsweep.io import atomic_write_json, read_json
+
+TAG = "specsweep"
+
+
+def resolve_tracking_uri(uri: str) -> str:
+    """Make a relative sqlite path absolute so every process (and the printed UI command) agrees on it."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        path = Path(uri[len(prefix):]).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return uri
+
+
+def ui_command(config: dict[str, Any]) -> str:
+    uri = resolve_tracking_uri(config["mlflow"]["tracking_uri"])
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+def flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    """Nested numeric dicts -> {'ttft_s.p50': ...}; non-numbers and non-finite values are left out."""
+    if isinstance(value, bool):
+        out[prefix] = float(value)
+    elif isinstance(value, int | float):
+        if math.isfinite(value):
+            out[prefix] = float(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class Tracker:
+    """Thin layer over MlflowClient for the specsweep run layout."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.config = config
+        self.uri = resolve_tracking_uri(config["mlflow"]["tracking_uri"])
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.experiment_id = self._experiment()
+
+    def _experiment(self) -> str:
+        name = self.config["experiment"]
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            return exp.experiment_id
+        artifacts = (Path(self.config["results_dir"]) / "mlartifacts" / name).resolve()
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts.as_uri())
+        except Exception:  # created concurrently by another tracking job
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def active_runs(self, **tags: str) -> list[Any]:
+        flt = " and ".join(f"tags.`{TAG}.{k}` = '{v}'" for k, v in tags.items())
+        return self.client.search_runs([self.experiment_id], filter_string=flt, max_results=1000)
+
+    def retire(self, runs: list[Any], keep: str, why: str) -> None:
+        for run in runs:
+            if run.info.run_id != keep:
+                self.client.set_tag(run.info.run_id, f"{TAG}.superseded_by", keep)
+                self.client.set_tag(run.info.run_id, f"{TAG}.superseded_reason", why)
+                self.client.delete_run(run.info.run_id)
+
+    def new_run(self, name: str, tags: dict[str, str], params: dict[str, Any], metrics: dict[str, float],
+                steps: list[tuple[int, dict[str, float]]] | None = None) -> str:
+        from mlflow.entities import Metric, Param, RunTag
+
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        run_id = run.info.run_id
+        now = int(time.time() * 1000)
+        metric_objs = [Metric(k, v, now, 0) for k, v in metrics.items()]
+        for step, values in steps or []:
+            metric_objs += [Metric(k, v, now, step) for k, v in values.items()]
+        param_objs = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, max(len(metric_objs), len(param_objs), 1), 500):
+            self.client.log_batch(run_id, metrics=metric_objs[i:i + 500], params=param_objs[i:i + 100],
+                                  tags=[RunTag(f"{TAG}.logged", "true")] if i == 0 else [])
+        for j in range(100, len(param_objs), 100):
+            self.client.log_batch(run_id, params=param_objs[j:j + 100])
+        return run_id
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+
+def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
+    cell = summary["cell"]
+    params: dict[str, Any] = {
+        "variant": cell["variant"], "arm": cell["arm"], "concurrency": cell["concurrency"],
+        "engine": summary.get("engine"), "source": summary.get("source"),
+    }
+    for k, v in (summary.get("workload") or {}).items():
+        if not isinstance(v, dict | list):
+            params[f"workload.{k}"] = v
+    server = summary.get("server") or {}
+    params["server.identity"] = server.get("identity")
+    params["server.command"] = " ".join(server.get("command") or [])
+    info = server.get("info") or {}
+    for k in ("version", "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests"):
+        if info.get(k) is not None:
+            params[f"server.{k}"] = info[k]
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    flatten("", summary.get("metrics") or {}, out)
+    out["valid"] = float(bool((summary.get("validity") or {}).get("valid", True)))
+    return out
+
+
+def log_cell(tracker: Tracker, summary_path: Path) -> str:
+    """The cell's run: reused when summary.json is unchanged, else a new one that supersedes the old."""
+    summary = read_json(summary_path)
+    key = summary["cell"]["key"]
+    digest = sha256_file(summary_path)
+    existing = tracker.active_runs(cell_key=key)
+    for run in existing:
+        if run.data.tags.get(f"{TAG}.summary_sha256") == digest:
+            tracker.retire(existing, keep=run.info.run_id, why="duplicate")
+            return run.info.run_id
+    validity = summary.get("validity") or {}
+    tags = {
+        f"{TAG}.kind": "cell", f"{TAG}.cell_key": key, f"{TAG}.experiment": summary["cell"]["experiment"],
+        f"{TAG}.variant": summary["cell"]["variant"], f"{TAG}.arm": summary["cell"]["arm"],
+        f"{TAG}.backend": str(summary.get("client_backend", "")), f"{TAG}.source": str(summary.get("source")),
+        f"{TAG}.valid": str(bool(validity.get("valid", True))).lower(),
+        f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
+        f"{TAG}.summary_sha256": digest,
+    }
+    run_id = tracker.new_run(key, tags, cell_params(summary), cell_metrics(summary))
+    tracker.client.log_artifact(run_id, str(summary_path))
+    tracker.finish(run_id)
+    tracker.retire(existing, keep=run_id, why="cell re-measured")
+    return run_id
+
+
+def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path]) -> dict[str, Any]:
+    """The sweep run of one variant x arm, with its cells nested under it."""
+    experiment = tracker.config["experiment"]
+    cell_runs: dict[int, str] = {}
+    steps: list[tuple[int, dict[str, float]]] = []
+    for path in sorted(summary_paths, key=lambda p: read_json(p)["cell"]["concurrency"]):
+        summary = read_json(path)
+        c = int(summary["cell"]["concurrency"])
+        cell_runs[c] = log_cell(tracker, path)
+        steps.append((c, cell_metrics(summary)))
+    sweep_key = f"{experiment}/{variant}/{arm}"
+    digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()
+    existing = tracker.active_runs(sweep_key=sweep_key)
+    sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
+    if sweep_id is None:
+        first = read_json(summary_paths[0]) if summary_paths else {}
+        tags = {
+            f"{TAG}.kind": "sweep", f"{TAG}.sweep_key": sweep_key, f"{TAG}.experiment": experiment,
+            f"{TAG}.variant": variant, f"{TAG}.arm": arm, f"{TAG}.source": str(first.get("source")),
+            f"{TAG}.cells_sha256": digest,
+        }
+        params = {"variant": variant, "arm": arm, "levels": ",".join(map(str, sorted(cell_runs)))}
+        params.update({k: v for k, v in cell_params(first).items() if k.startswith(("workload.", "server."))})
+        sweep_id = tracker.new_run(f"{variant}/{arm} sweep", tags, params, {}, steps)
+        tracker.finish(sweep_id)
+    tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
+    for run_id in cell_runs.values():
+        tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
+    return {"sweep_run_id": sweep_id, "cell_run_ids": {str(c): r for c, r in cell_runs.items()},
+            "tracking_uri": tracker.uri, "experiment_id": tracker.experiment_id}
+
+
+def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]) -> dict[str, Any]:
+    """The crossover run of one variant: crossover concurrency and interval, plots and policy as artifacts."""
+    experiment = tracker.config["experiment"]
+    data = read_json(crossover_path)
+    sweeps = [read_json(p) for p in sweep_markers]
+    cell_runs = sorted(r for s in sweeps for r in s["cell_run_ids"].values())
+    digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode()).hexdigest()
+    key = f"{experiment}/{variant}"
+    existing = tracker.active_runs(crossover_key=key)
+    for run in existing:
+        if run.data.tags.get(f"{TAG}.content_sha256") == digest:
+            return {"crossover_run_id": run.info.run_id, "cell_run_ids": cell_runs}
+    metrics: dict[str, float] = {}
+    for arm_name, result in (data.get("arms") or {}).items():
+        flatten(arm_name, _crossover_numbers(result), metrics)
+    tags = {
+        f"{TAG}.kind": "crossover", f"{TAG}.crossover_key": key, f"{TAG}.experiment": experiment,
+        f"{TAG}.variant": variant, f"{TAG}.source": str(data.get("source")), f"{TAG}.content_sha256": digest,
+        f"{TAG}.cell_runs": ",".join(cell_runs)[:5000],
+    }
+    run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)
+    out_dir = crossover_path.parent
+    tracker.client.log_artifact(run_id, str(crossover_path))
+    for name in ("policy.yaml",):
+        if (out_dir / name).is_file():
+            tracker.client.log_artifact(run_id, str(out_dir / name))
+    if (out_dir / "plots").is_dir():
+        tracker.client.log_artifacts(run_id, str(out_dir / "plots"), artifact_path="plots")
+    tracker.client.log_dict(run_id, {"cell_run_ids": cell_runs, "sweeps": sweeps}, "cell_runs.json")
+    tracker.finish(run_id)
+    tracker.retire(existing, keep=run_id, why="crossover recomputed")
+    return {"crossover_run_id": run_id, "cell_run_ids": cell_runs}
+
+
+def _crossover_numbers(result: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of one arm's crossover result worth a metric: crossover concurrency and its interval."""
+    out: dict[str, Any] = {}
+    primary = result.get("primary") or result
+    crossings = primary.get("crossings") or []
+    if crossings:
+        out["crossover_concurrency"] = crossings[0] if isinstance(crossings[0], int | float) else None
+    for k in ("crossover_concurrency", "crossover_ci_low", "crossover_ci_high", "threshold"):
+        if isinstance(primary.get(k), int | float):
+            out[k] = primary[k]
+    ci = primary.get("crossover_ci") or []
+    if len(ci) == 2 and all(isinstance(x, int | float) for x in ci):
+        out["crossover_ci_low"], out["crossover_ci_high"] = ci
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="what", required=True)
+    sw = sub.add_parser("sweep", help="log one variant x arm: its cells and the sweep run")
+    sw.add_argument("--config", required=True, help="config as JSON text or a YAML/JSON file")
+    sw.add_argument("--variant", required=True)
+    sw.add_argument("--arm", required=True)
+    sw.add_argument("--out", required=True, type=Path, help="marker JSON with the run ids")
+    sw.add_argument("summaries", nargs="+", type=Path)
+    cx = sub.add_parser("crossover", help="log one variant's crossover run")
+    cx.add_argument("--config", required=True)
+    cx.add_argument("--variant", required=True)
+    cx.add_argument("--crossover", required=True, type=Path)
+    cx.add_argument("--out", required=True, type=Path)
+    cx.add_argument("sweeps", nargs="+", type=Path)
+
+
+def load_config_arg(value: str) -> dict[str, Any]:
+    """--config takes JSON text (as the Snakefile passes it) or a config file path."""
+    from specsweep import config as ssconfig
+
+    if value.lstrip().startswith("{"):
+        return json.loads(value)
+    return ssconfig.load(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config_arg(args.config)
+    tracker = Tracker(config)
+    if args.what == "sweep":
+        marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
+    else:
+        marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))
+    marker["tracking_uri"] = tracker.uri
+    atomic_write_json(args.out, marker)
+    print(json.dumps(marker, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.tracking", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

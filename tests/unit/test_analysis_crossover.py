@@ -1,0 +1,76 @@
+"""crossings_log_c and its vectorised twin: interpolation in log C, exact-1.0 levels, several crossings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from specsweep.analysis.crossover import crossings_log_c, crossings_matrix, first_crossing
+
+pytestmark = pytest.mark.unit
+
+
+def test_no_crossing_returns_empty() -> None:
+    assert crossings_log_c([1, 2, 5, 10], [1.5, 1.4, 1.2, 1.1]) == []
+    assert crossings_log_c([1, 2, 5, 10], [0.5, 0.6, 0.9, 0.99]) == []
+    assert first_crossing([1, 2], [2.0, 3.0]) is None
+
+
+def test_one_crossing_interpolates_in_log_c() -> None:
+    # speedup 1.5 at C=1, 0.5 at C=10: halfway in log C is sqrt(10), not 5.5
+    (x,) = crossings_log_c([1, 10], [1.5, 0.5])
+    assert x == pytest.approx(math.sqrt(10))
+
+
+def test_linear_in_log_c_curve_is_recovered_exactly() -> None:
+    levels = [1, 2, 5, 10, 30, 70, 100, 250]
+    s = [1.5 - 0.25 * math.log(c) for c in levels]
+    (x,) = crossings_log_c(levels, s)
+    assert x == pytest.approx(math.exp(2.0))
+
+
+def test_several_crossings_all_returned_in_order() -> None:
+    xs = crossings_log_c([1, 2, 5, 10, 30], [1.3, 0.8, 1.2, 0.7, 0.6])
+    assert len(xs) == 3
+    assert xs == sorted(xs)
+    assert 1 < xs[0] < 2 < xs[1] < 5 < xs[2] < 10
+
+
+def test_exact_one_counts_once() -> None:
+    assert crossings_log_c([1, 2, 5], [1.2, 1.0, 0.8]) == [2.0]
+    # a run of levels at exactly 1.0 counts once, at its first level
+    assert crossings_log_c([1, 2, 5, 10], [1.2, 1.0, 1.0, 0.8]) == [2.0]
+    # touching 1.0 without changing side is still break-even there
+    assert crossings_log_c([1, 2, 5], [1.2, 1.0, 1.1]) == [2.0]
+    assert crossings_log_c([1, 2, 5], [1.0, 0.9, 0.8]) == [1.0]
+
+
+def test_unsorted_input_is_sorted() -> None:
+    c, s = [10, 1, 5, 2], [0.8, 1.5, 0.9, 1.1]
+    assert crossings_log_c(c, s) == crossings_log_c(sorted(c), [1.5, 1.1, 0.9, 0.8])
+
+
+def test_bad_input_rejected() -> None:
+    with pytest.raises(ValueError):
+        crossings_log_c([1, 1, 2], [1.2, 1.1, 0.9])
+    with pytest.raises(ValueError):
+        crossings_log_c([0, 1, 2], [1.2, 1.1, 0.9])
+    with pytest.raises(ValueError):
+        crossings_log_c([1, 2], [1.2])
+
+
+def test_nan_levels_dropped() -> None:
+    assert crossings_log_c([1, 2, 5], [1.5, float("nan"), 0.5]) == pytest.approx([math.sqrt(5)])
+
+
+def test_matrix_matches_scalar_version() -> None:
+    rng = np.random.default_rng(0)
+    levels = [1, 2, 5, 10, 30, 70, 100, 250]
+    S = rng.uniform(0.6, 1.4, size=(300, len(levels)))
+    S[rng.random(S.shape) < 0.1] = 1.0  # exact break-even values, runs included
+    M = crossings_matrix(levels, S)
+    for row, mrow in zip(S, M, strict=True):
+        expect = crossings_log_c(levels, row)
+        got = [x for x in mrow if np.isfinite(x)]
+        assert got == pytest.approx(expect)

@@ -1,0 +1,97 @@
+"""Threshold choice from the intervals, and its engine-specific forms (vLLM schedule, SGLang routing, sim)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from specsweep.analysis.policy import choose_threshold, engine_policy, policy_document, speculative_tokens
+
+pytestmark = pytest.mark.unit
+
+
+def _arm(
+    lo: list[float | None], crossover: dict[str, Any] | None, crossings: list[dict] | None = None
+) -> dict:
+    levels = [1.0, 2.0, 5.0, 10.0, 30.0][: len(lo)]
+    return {
+        "levels": levels,
+        "primary_metric": "aggregate_tok_s",
+        "metrics": {
+            "aggregate_tok_s": {"speedup_lo": lo, "crossover": crossover, "crossings": crossings or []}
+        },
+    }
+
+
+def _x(est: float | None, lo: float | None, hi: float | None, states: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "estimate": est,
+        "lo": lo,
+        "hi": hi,
+        "min_level": 1.0,
+        "max_level": 30.0,
+        "states": dict(zip(("estimate", "lo", "hi"), states, strict=True)),
+    }
+
+
+def test_threshold_from_crossover_lower_end() -> None:
+    ar = _arm([1.2, 1.1, 1.02, 0.9, 0.7], _x(12.0, 7.6, 18.0, ("within",) * 3))
+    t = choose_threshold(ar)
+    assert t["threshold"] == 7 and t["rule"] == "crossover_lower"
+    assert t["candidates"]["level_lower_bound"] == 5
+    assert choose_threshold(ar, "level_lower_bound")["threshold"] == 5
+
+
+def test_threshold_edges() -> None:
+    below = _arm([0.9, 0.8, 0.7], _x(0.0, 0.0, 1.5, ("below_range", "below_range", "within")))
+    assert choose_threshold(below)["threshold"] == 0
+    assert choose_threshold(below, "level_lower_bound")["threshold"] == 0
+    above = _arm([1.5, 1.4, 1.3, 1.2, 1.1], _x(None, None, None, ("above_range",) * 3))
+    assert choose_threshold(above)["threshold"] == 30
+    assert choose_threshold(above, "level_lower_bound")["threshold"] == 30
+    # a level without an interval stops the level rule: not proven
+    assert choose_threshold(_arm([1.5, None, 1.3], None), "level_lower_bound")["threshold"] == 1
+
+
+def test_vllm_schedule_from_speculative_config() -> None:
+    arm = {"speculative_config": {"method": "eagle3", "model": "draft", "num_speculative_tokens": 3}}
+    p = engine_policy("vllm", 12, arm, {"max_num_seqs": 256})
+    assert p["num_speculative_tokens_per_batch_size"] == [[1, 12, 3], [13, 256, 0]]
+    assert p["speculative_config"]["method"] == "eagle3"
+    assert p["speculative_config"]["num_speculative_tokens"] == 3
+    flag, payload = p["cli"].split(" ", 1)
+    assert flag == "--speculative-config"
+    assert json.loads(payload.strip("'"))["num_speculative_tokens_per_batch_size"][1] == [13, 256, 0]
+
+
+def test_vllm_schedule_from_argv_and_edges() -> None:
+    arm = {"server_args": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']}
+    assert speculative_tokens("vllm", arm) == 4
+    assert engine_policy("vllm", 0, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [[1, 1024, 0]]
+    assert engine_policy("vllm", 5000, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [
+        [1, 1024, 4]
+    ]
+    assert "note" in engine_policy("vllm", 8, {}, {}, 250)  # K unknown: said so, no schedule invented
+    assert "num_speculative_tokens_per_batch_size" not in engine_policy("vllm", 8, {}, {}, 250)
+
+
+def test_sglang_forms() -> None:
+    p = engine_policy("sglang", 24)
+    hows = {a["how"]: a for a in p["apply"]}
+    assert set(hows) == {"router", "cap_and_overflow"}
+    assert hows["cap_and_overflow"]["server_args"] == ["--max-running-requests", "24"]
+    assert "24" in hows["router"]["what"]
+    assert engine_policy("sglang", 0)["apply"][0]["how"] == "no_speculation"
+
+
+def test_sim_threshold_only_and_document() -> None:
+    ar = _arm([1.2, 1.1, 0.9], _x(3.0, 2.4, 4.0, ("within",) * 3), [{"direction": "down"}])
+    result = {"experiment": "e", "variant": "sim", "source": "simulated", "arms": {"eagle3": ar}}
+    doc = policy_document(result, "sim")
+    entry = doc["arms"]["eagle3"]
+    assert entry["threshold"] == 2 and "sim" in entry
+    assert set(entry["sim"]) == {"note"}
+    up = _arm([0.8, 1.1, 1.2], _x(0.0, 0.0, 0.0, ("below_range",) * 3), [{"direction": "up"}])
+    doc = policy_document({"arms": {"eagle3": up}}, "sglang")
+    assert doc["arms"]["eagle3"]["threshold"] == 0 and "warning" in doc["arms"]["eagle3"]

@@ -1,0 +1,244 @@
+"""From a crossover to a setting: "speculate while running requests <= N", in each engine's own form.
+
+N is chosen conservatively from the bootstrap, not from the point estimate: a policy built on a lucky
+measurement would turn speculation on where it costs throughput. Two rules (config `analysis.policy_rule`):
+
+- `crossover_lower` (default): the lower end of the crossover's interval, rounded down to an integer. It uses
+  the interpolation between levels, so N can fall between measured levels.
+- `level_lower_bound`: the largest measured level such that it and every level below it have a speedup
+  interval whose lower bound is >= 1. It never interpolates, so it is at most the crossover_lower value's
+  bracketing level and is the choice when the sweep's levels are dense.
+
+Both give 0 (never speculate) when speculation is not shown to win even at the lowest level, and the largest
+measured level when it wins everywhere (no extrapolation beyond what was measured).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from typing import Any
+
+__all__ = ["choose_threshold", "engine_policy", "policy_document", "speculative_tokens"]
+
+
+def choose_threshold(
+    arm_result: dict[str, Any], rule: str = "crossover_lower", metric: str | None = None
+) -> dict[str, Any]:
+    """Threshold N and the evidence for it, from one arm's entry of crossover.json."""
+    metric = metric or arm_result["primary_metric"]
+    m = arm_result["metrics"][metric]
+    levels = arm_result["levels"]
+    cand: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    # level rule: contiguous from the bottom, lower bound >= 1
+    n_level = 0
+    for c, lo in zip(levels, m["speedup_lo"], strict=True):
+        if lo is None or lo < 1.0:
+            break
+        n_level = int(math.floor(c))
+    cand["level_lower_bound"] = n_level
+    reasons["level_lower_bound"] = (
+        f"largest measured level with every level up to it having speedup lower bound >= 1: {n_level}"
+        if n_level
+        else "speedup lower bound < 1 (or no interval) already at the lowest level"
+    )
+    x = m.get("crossover")
+    if not x:
+        cand["crossover_lower"], reasons["crossover_lower"] = 0, "no usable levels"
+    else:
+        state = x["states"]["lo"]
+        if state == "below_range":
+            cand["crossover_lower"] = 0
+            reasons["crossover_lower"] = (
+                "crossover interval reaches below the lowest level: not shown to pay off"
+            )
+        elif state == "above_range":
+            cand["crossover_lower"] = int(math.floor(x["max_level"]))
+            reasons["crossover_lower"] = (
+                "speculation wins at every measured level (interval above the range); "
+                "N is the largest measured level, not extrapolated"
+            )
+        else:
+            cand["crossover_lower"] = int(math.floor(x["lo"]))
+            reasons["crossover_lower"] = f"lower end of the crossover interval {x['lo']:.3g}, rounded down"
+    return {
+        "threshold": cand[rule],
+        "rule": rule,
+        "metric": metric,
+        "reason": reasons[rule],
+        "candidates": cand,
+        "crossover": x,
+        "upward_crossing": any(c["direction"] == "up" for c in m.get("crossings", [])),
+    }
+
+
+def _arg_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _argv_of(arm: dict[str, Any]) -> list[str]:
+    for key in ("server_args", "args", "extra_args", "argv"):
+        v = arm.get(key)
+        if isinstance(v, list):
+            return [str(a) for a in v]
+        if isinstance(v, str):
+            return shlex.split(v)
+    return []
+
+
+def _speculative_config(arm: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's speculative config from the arm: a dict, a JSON string, or --speculative-config in its args."""
+    v: Any = arm.get("speculative_config")
+    if v is None:
+        v = _arg_value(_argv_of(arm), "--speculative-config")
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            v = None
+    return dict(v) if isinstance(v, dict) else {}
+
+
+def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
+    """Draft tokens per step of the speculative arm (vLLM num_speculative_tokens; SGLang num draft tokens)."""
+    for key in ("num_speculative_tokens", "speculative_num_draft_tokens"):
+        if arm.get(key) is not None:
+            return int(arm[key])
+    cfg = _speculative_config(arm)
+    if cfg.get("num_speculative_tokens") is not None:
+        return int(cfg["num_speculative_tokens"])
+    argv = _argv_of(arm)
+    for flag in ("--num-speculative-tokens", "--speculative-num-draft-tokens"):
+        v = _arg_value(argv, flag)
+        if v is not None:
+            return int(v)
+    return None
+
+
+def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float) -> dict[str, Any]:
+    k = speculative_tokens("vllm", arm)
+    max_seqs = (
+        arm.get("max_num_seqs") or variant.get("max_num_seqs") or _arg_value(_argv_of(arm), "--max-num-seqs")
+    )
+    upper = int(max_seqs) if max_seqs else max(1024, int(max_level))
+    out: dict[str, Any] = {"max_batch_size": upper, "num_speculative_tokens": k}
+    if k is None:
+        out["note"] = (
+            "num_speculative_tokens not found in the arm's server args: no schedule written; "
+            "use [[1, N, K], [N+1, max_num_seqs, 0]] with the arm's K"
+        )
+        return out
+    if n <= 0:
+        sched = [[1, upper, 0]]
+    elif n >= upper:
+        sched = [[1, upper, k]]
+    else:
+        sched = [[1, n, k], [n + 1, upper, 0]]
+    cfg = _speculative_config(arm)
+    cfg["num_speculative_tokens_per_batch_size"] = sched
+    out["num_speculative_tokens_per_batch_size"] = sched
+    out["speculative_config"] = cfg
+    out["cli"] = "--speculative-config " + shlex.quote(json.dumps(cfg, separators=(",", ":")))
+    out["note"] = (
+        "batch size is the number of running requests in a step; K=0 turns speculation off in that "
+        "range. Check the key against your vLLM version's SpeculativeConfig."
+    )
+    return out
+
+
+def _sglang(n: int) -> dict[str, Any]:
+    if n <= 0:
+        return {
+            "apply": [
+                {
+                    "how": "no_speculation",
+                    "what": "speculation is not shown to pay off at any measured load: serve the baseline",
+                }
+            ]
+        }
+    return {
+        "apply": [
+            {
+                "how": "router",
+                "what": (
+                    f"run a baseline deployment next to the speculative one; a router/gateway sends a "
+                    f"request to "
+                    f"the speculative deployment while it has < {n} running requests, otherwise to the "
+                    f"baseline (SGLang cannot turn speculation off by load)"
+                ),
+            },
+            {
+                "how": "cap_and_overflow",
+                "what": (
+                    f"start the speculative deployment with --max-running-requests {n} and send the overflow "
+                    f"to a baseline deployment, rather than letting requests queue inside the speculative one"
+                ),
+                "server_args": ["--max-running-requests", str(n)],
+            },
+        ],
+        "note": "some SGLang versions cap running requests at 48 under EAGLE unless "
+        "--max-running-requests is set",
+    }
+
+
+def engine_policy(
+    engine: str,
+    threshold: int,
+    arm: dict[str, Any] | None = None,
+    variant: dict[str, Any] | None = None,
+    max_level: float = 0.0,
+) -> dict[str, Any]:
+    """The engine-specific form of 'speculate while running requests <= threshold'."""
+    arm, variant = arm or {}, variant or {}
+    if engine == "vllm":
+        return _vllm(threshold, arm, variant, max_level)
+    if engine == "sglang":
+        return _sglang(threshold)
+    return {"note": f"engine {engine or 'unknown'}: threshold only"}
+
+
+def policy_document(
+    result: dict[str, Any],
+    engine: str,
+    arms_cfg: dict[str, Any] | None = None,
+    variant_cfg: dict[str, Any] | None = None,
+    rule: str = "crossover_lower",
+) -> dict[str, Any]:
+    """policy.yaml's content: one entry per speculative arm of crossover.json `result`."""
+    arms_cfg = arms_cfg or {}
+    doc: dict[str, Any] = {
+        "experiment": result.get("experiment"),
+        "variant": result.get("variant"),
+        "engine": engine,
+        "source": result.get("source"),
+        "meaning": "speculate while running requests <= threshold; plain decoding above",
+        "arms": {},
+    }
+    for name, ar in result["arms"].items():
+        t = choose_threshold(ar, rule)
+        max_level = max(ar["levels"]) if ar["levels"] else 0.0
+        entry: dict[str, Any] = {
+            "threshold": t["threshold"],
+            "rule": t["rule"],
+            "metric": t["metric"],
+            "reason": t["reason"],
+            "candidates": t["candidates"],
+            "crossover": {k: t["crossover"][k] for k in ("estimate", "lo", "hi")} if t["crossover"] else None,
+        }
+        if t["upward_crossing"]:
+            entry["warning"] = (
+                "speculation loses at low load and wins higher up on this stack: a "
+                "'speculate <= N' policy cannot express that; see crossover.json"
+            )
+        entry[engine or "engine"] = engine_policy(
+            engine, t["threshold"], arms_cfg.get(name), variant_cfg, max_level
+        )
+        doc["arms"][name] = entry
+    return doc

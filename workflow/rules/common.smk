@@ -75,3 +75,24 @@ def crossover_targets():
 
 def comparison_targets():
     return [RES / "comparison" / "comparison.json"] if len(VARIANTS) > 1 else []
+
+
+def fingerprint_args(wildcards):
+    """Command-line arguments of `specsweep fingerprint` for one variant (recipe or interpreter, GPUs, env)."""
+    v = config["variants"][known("variant", wildcards.variant, VARIANTS)]
+    args = ["--engine", v["engine"]]
+    if v.get("python"):
+        args += ["--python", v["python"]]
+    elif v.get("recipe"):
+        recipe = Path(v["recipe"])
+        if not recipe.is_file():
+            raise ValueError(
+                f"variant '{wildcards.variant}': environment recipe {recipe} does not exist; "
+                "fix variants.<name>.recipe (a pip requirements file under envs/)"
+            )
+        args += ["--recipe", str(recipe)]
+    if v.get("gpus"):
+        args += ["--gpus", str(v["gpus"])]
+    for key, value in v.get("env_vars", {}).items():
+        args += ["--env", f"{key}={value}"]
+    return " ".join(shlex.quote(a) for a in args)

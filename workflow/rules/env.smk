@@ -8,11 +8,10 @@ rule env:
     log:
         LOGS / "env" / "{variant}.log",
     params:
-        variant=lambda w: dumps(config["variants"][known("variant", w.variant, VARIANTS)]),
+        args=fingerprint_args,
         envs_root=Path(config["results_dir"]) / "_envs",
     shell:
-        "{SPECSWEEP} fingerprint --variant-name {wildcards.variant} --variant {params.variant:q}"
-        " --envs-root {params.envs_root} --out {output} > {log} 2>&1"
+        "{SPECSWEEP} fingerprint {params.args} --envs-root {params.envs_root} --out {output} > {log} 2>&1"
 
 
 rule model:

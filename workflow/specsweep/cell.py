@@ -44,7 +44,7 @@ def gates_for_metrics(gates: dict[str, Any]) -> dict[str, float]:
 def resolve_variant(spec: dict[str, Any], env_fp: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The variant with its model path resolved, and the interpreter its server runs in."""
     variant = dict(spec["variant"])
-    python = variant.get("python") or env_fp.get("python") or sys.executable
+    python = variant.get("python") or env_fp.get("python_executable") or sys.executable
     if variant.get("model_builder"):
         variant["model"] = str(
             (Path(spec["results_dir"]) / spec["experiment"] / "models" / spec["variant_name"]).resolve()
@@ -152,7 +152,7 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
         "client_backend": server.client_backend,
         "server": {**server.public_dict(), "info": summary.pop("server_info"), "pid": rec.server_pid,
                    "ready_after_s": server_ready_s},
-        "stack": {"fingerprint": str(env_json), "recipe_sha256": env_fp.get("recipe_sha256")},
+        "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
     })
     write_cell(out_dir, records, summary)
     return summary

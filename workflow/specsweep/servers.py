@@ -230,7 +230,7 @@ def _start(
     state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]
 ) -> ServerRecord:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_file = state_dir / f"{_slug(spec.resource)}.spec.json"
+    spec_file = state_dir / f"{_slug(spec.resource)}.spec"
     atomic_write_json(spec_file, {"spec": asdict(spec), "label": label, "log_path": str(log_path)})
     record_path = _record_path(state_dir, spec.resource)
     record_path.unlink(missing_ok=True)
@@ -368,6 +368,7 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
     current = read_record(record_path)
     if current is not None and current.server_pid == server.pid:
         record_path.unlink(missing_ok=True)
+    if reason != "stop asked":  # a requested stop is logged by whoever asked
         log_event(record_path.parent, "stop", label=rec.label, identity=rec.identity, pid=server.pid,
                   reason=reason.replace(" ", "_"))
     return 0

@@ -1,0 +1,136 @@
+"""The Snakemake DAG end to end on the simulated engine: files, MLflow runs, server reuse, --forcerun of one cell."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO, SNAKEMAKE, sim_server_processes
+
+pytestmark = pytest.mark.pipeline
+
+EXP = "tiny"
+LEVELS = (1, 4)
+ARMS = ("baseline", "eagle3")
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "config.yaml", "--cores", "1", *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+
+
+def server_events(workdir: Path) -> list[str]:
+    log = workdir / "results" / EXP / ".servers" / "servers.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def starts(events: list[str]) -> list[str]:
+    return [e for e in events if " start " in e]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("pipeline")
+    shutil.copy(REPO / "tests" / "pipeline" / "tiny.yaml", workdir / "config.yaml")
+    proc = snakemake(workdir, "crossover")
+    (workdir / "first_run.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
+
+
+def test_cells_written(run_dir: Path) -> None:
+    for arm in ARMS:
+        for c in LEVELS:
+            cell = run_dir / "results" / EXP / "sim" / arm / f"c{c}"
+            df = pd.read_parquet(cell / "requests.parquet")
+            summary = json.loads((cell / "summary.json").read_text())
+            n = max(4, 2 * c)
+            assert len(df) == n, (arm, c)
+            assert df["ok"].all()
+            assert (df["output_tokens"] == 12).all()
+            assert (df["server_output_tokens"] == 12).all()
+            assert summary["cell"] == {"experiment": EXP, "variant": "sim", "arm": arm, "concurrency": c,
+                                       "key": f"{EXP}/sim/{arm}/c{c}", "speculative": arm == "eagle3"}
+            assert summary["source"] == "simulated"
+            m = summary["metrics"]
+            assert m["output_tok_s_steady"] > 0
+            for key in ("ttft_ms", "tpot_ms", "itl_token_ms", "e2e_ms"):
+                assert {"mean", "p50", "p90", "p99"} <= set(m[key])
+            if arm == "eagle3":
+                assert m["accept_length"] > 1.0
+            assert summary["validity"]["valid"], summary["validity"]
+            assert summary["server"]["identity"]
+
+
+def test_fingerprint_written(run_dir: Path) -> None:
+    fp = json.loads((run_dir / "results" / EXP / "envs" / "sim.json").read_text())
+    assert fp["engine"] == "sim"
+    assert fp["python"]
+
+
+def test_crossover_and_final_print(run_dir: Path) -> None:
+    out = json.loads((run_dir / "results" / EXP / "sim" / "crossover.json").read_text())
+    assert out["arms"]["eagle3"]["levels"] == list(LEVELS)
+    assert (run_dir / "results" / EXP / "sim" / "plots" / "speedup.png").stat().st_size > 0
+    assert (run_dir / "results" / EXP / "sim" / "policy.yaml").exists()
+    text = (run_dir / "first_run.log").read_text()
+    assert "speedup [95% CI]" in text
+    assert f"results: {(run_dir / 'results' / EXP).resolve()}" in text
+    assert f"mlflow ui --backend-store-uri sqlite:///{(run_dir / 'results' / 'mlflow.db').resolve()}" in text
+
+
+def test_each_server_started_once_and_stopped(run_dir: Path) -> None:
+    events = server_events(run_dir)
+    assert len(starts(events)) == 2, events
+    assert {e.split("label=")[1].split()[0] for e in starts(events)} == {"sim/baseline", "sim/eagle3"}
+    assert sum(" reuse " in e for e in events) == 2  # the second cell of each arm
+    deadline = time.monotonic() + 30
+    while sim_server_processes(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not sim_server_processes(run_dir)
+    assert not list((run_dir / "results" / EXP / ".servers").glob("*.json"))
+
+
+def mlflow_runs(run_dir: Path) -> pd.DataFrame:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'results' / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=[EXP])
+
+
+def test_mlflow_runs(run_dir: Path) -> None:
+    runs = mlflow_runs(run_dir)
+    kinds = runs["tags.specsweep.kind"].value_counts().to_dict()
+    assert kinds == {"cell": 4, "sweep": 2, "crossover": 1}
+    cells = runs[runs["tags.specsweep.kind"] == "cell"]
+    sweeps = runs[runs["tags.specsweep.kind"] == "sweep"]
+    assert set(cells["tags.mlflow.parentRunId"]) == set(sweeps["run_id"])
+    assert set(cells["params.concurrency"]) == {"1", "4"}
+    assert cells["metrics.output_tok_s_steady"].gt(0).all()
+    assert set(cells["tags.specsweep.cell_key"]) == {f"{EXP}/sim/{a}/c{c}" for a in ARMS for c in LEVELS}
+
+
+def test_forcerun_one_cell(run_dir: Path) -> None:
+    """--forcerun of one cell reruns it and what aggregates it, starting only its own server."""
+    root = run_dir / "results" / EXP / "sim"
+    untouched = {p: p.stat().st_mtime_ns for p in root.glob("*/c*/summary.json") if "eagle3/c4" not in str(p)}
+    before = len(starts(server_events(run_dir)))
+    target = f"results/{EXP}/sim/eagle3/c4/summary.json"
+    proc = snakemake(run_dir, "crossover", "--forcerun", target)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in untouched} == untouched
+    new_starts = starts(server_events(run_dir))[before:]
+    assert len(new_starts) == 1 and "label=sim/eagle3" in new_starts[0]
+    jobs = proc.stdout + proc.stderr
+    assert "cell" in jobs and "crossover_variant" in jobs
+    runs = mlflow_runs(run_dir)
+    cells = runs[runs["tags.specsweep.kind"] == "cell"]
+    assert len(cells) == 4  # the re-measured cell has a new run; the one it replaced is retired
+    assert (cells["tags.specsweep.cell_key"] == f"{EXP}/sim/eagle3/c4").sum() == 1
+    assert not sim_server_processes(run_dir)

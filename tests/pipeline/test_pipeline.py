@@ -55,8 +55,14 @@ def test_cells_written(run_dir: Path) -> None:
             assert df["ok"].all()
             assert (df["output_tokens"] == 12).all()
             assert (df["server_output_tokens"] == 12).all()
-            assert summary["cell"] == {"experiment": EXP, "variant": "sim", "arm": arm, "concurrency": c,
-                                       "key": f"{EXP}/sim/{arm}/c{c}", "speculative": arm == "eagle3"}
+            assert summary["cell"] == {
+                "experiment": EXP,
+                "variant": "sim",
+                "arm": arm,
+                "concurrency": c,
+                "key": f"{EXP}/sim/{arm}/c{c}",
+                "speculative": arm == "eagle3",
+            }
             assert summary["source"] == "simulated"
             m = summary["metrics"]
             assert m["output_tok_s_steady"] > 0

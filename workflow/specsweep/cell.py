@@ -21,6 +21,7 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.bench import level_summary, write_cell
 from specsweep.client.loadgen import measure_level, new_session, run_closed_loop
 from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
+from specsweep.config import variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
@@ -43,13 +44,22 @@ def gates_for_metrics(gates: dict[str, Any]) -> dict[str, float]:
 
 def resolve_variant(spec: dict[str, Any], env_fp: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The variant with its model path resolved, and the interpreter its server runs in."""
-    variant = dict(spec["variant"])
+    variant = variant_for_server(spec, spec["variant_name"])
     python = variant.get("python") or env_fp.get("python_executable") or sys.executable
-    if variant.get("model_builder"):
-        variant["model"] = str(
-            (Path(spec["results_dir"]) / spec["experiment"] / "models" / spec["variant_name"]).resolve()
-        )
     return variant, python
+
+
+def check_model(variant: dict[str, Any]) -> None:
+    """A local model path that does not exist fails here, before any server starts."""
+    model = variant.get("model")
+    if variant["engine"] == "sim" or not model:
+        return
+    looks_local = str(model).startswith(("/", ".", "~")) or variant.get("model_builder")
+    if looks_local and not Path(model).expanduser().exists():
+        raise CellError(
+            f"model path {model} does not exist; fix variants.<name>.model (a local checkpoint folder), "
+            "or use a model_builder"
+        )
 
 
 def api_key_for(variant: dict[str, Any]) -> str | None:
@@ -65,8 +75,9 @@ def api_key_for(variant: dict[str, Any]) -> str | None:
     return value
 
 
-async def build_prompts(spec: dict[str, Any], url: str, headers: dict[str, str] | None,
-                        tokenizer_path: str | None) -> PromptSet:
+async def build_prompts(
+    spec: dict[str, Any], url: str, headers: dict[str, str] | None, tokenizer_path: str | None
+) -> PromptSet:
     workload = spec["workload"]
     n = spec["n_requests"] + workload["warmup_requests"]
     if workload.get("prompts_file"):
@@ -75,19 +86,34 @@ async def build_prompts(spec: dict[str, Any], url: str, headers: dict[str, str] 
             raise CellError(f"workload.prompts_file {path} does not exist; fix the path or set it to null")
         return load_prompts_file(path, n)
     return await make_prompts_auto(
-        n, workload["input_tokens"], workload["seed"], url=url, tokenizer_path=tokenizer_path, headers=headers,
+        n,
+        workload["input_tokens"],
+        workload["seed"],
+        url=url,
+        tokenizer_path=tokenizer_path,
+        headers=headers,
     )
 
 
-async def measure(spec: dict[str, Any], server: ServerSpec, url: str, engine: Any, api_key: str | None,
-                  tokenizer_path: str | None) -> tuple[Any, dict[str, Any]]:
+async def measure(
+    spec: dict[str, Any],
+    server: ServerSpec,
+    url: str,
+    engine: Any,
+    api_key: str | None,
+    tokenizer_path: str | None,
+) -> tuple[Any, dict[str, Any]]:
     """Warm up, snapshot counters, measure all repeats, snapshot counters; returns (records, summary)."""
     workload = spec["workload"]
     concurrency, n_requests = spec["concurrency"], spec["n_requests"]
     req = RequestSpec(
-        url=url, backend=server.client_backend, endpoint=workload.get("endpoint", "completions"),
+        url=url,
+        backend=server.client_backend,
+        endpoint=workload.get("endpoint", "completions"),
         model=spec["variant"].get("model") if server.engine != "sim" else None,
-        temperature=workload["temperature"], request_timeout_s=workload["request_timeout_s"], api_key=api_key,
+        temperature=workload["temperature"],
+        request_timeout_s=workload["request_timeout_s"],
+        api_key=api_key,
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     prompts = await build_prompts(spec, url, headers, tokenizer_path)
@@ -97,14 +123,30 @@ async def measure(spec: dict[str, Any], server: ServerSpec, url: str, engine: An
         warmup_errors = 0
         if warmup:
             # Warm-up prompts come after the measured ones, so the measured prompts meet a cold cache.
-            recs = await run_closed_loop(session, req, prompts, workload["output_tokens"],
-                                         min(concurrency, warmup), warmup, prompt_offset=n_requests)
+            recs = await run_closed_loop(
+                session,
+                req,
+                prompts,
+                workload["output_tokens"],
+                min(concurrency, warmup),
+                warmup,
+                prompt_offset=n_requests,
+            )
             warmup_errors = sum(not r.ok for r in recs)
         use_counters = spec["arm"]["speculative"] and (server.engine == "vllm" or req.backend == "openai")
         before = await engine.spec_counters(session, url) if use_counters else None
         started = time.monotonic()
-        level = await measure_level(req, concurrency, n_requests, prompts, workload["output_tokens"],
-                                    warmup=0, repeats=spec["repeats"], flush=True, session=session)
+        level = await measure_level(
+            req,
+            concurrency,
+            n_requests,
+            prompts,
+            workload["output_tokens"],
+            warmup=0,
+            repeats=spec["repeats"],
+            flush=True,
+            session=session,
+        )
         measured_s = time.monotonic() - started
         after = await engine.spec_counters(session, url) if use_counters else None
     level.warmup_errors = warmup_errors
@@ -112,8 +154,14 @@ async def measure(spec: dict[str, Any], server: ServerSpec, url: str, engine: An
     max_running = info.get("max_running_requests") if isinstance(info, dict) else None
     slos = {k: v for k, v in spec["slo"].items() if v is not None}
     summary = level_summary(
-        level, prompts, req, workload["output_tokens"], slos, gates_for_metrics(spec["gates"]),
-        int(max_running) if isinstance(max_running, int | float) else None, counters,
+        level,
+        prompts,
+        req,
+        workload["output_tokens"],
+        slos,
+        gates_for_metrics(spec["gates"]),
+        int(max_running) if isinstance(max_running, int | float) else None,
+        counters,
     )
     summary["workload"].update(
         {"input_tokens": workload["input_tokens"], "seed": workload["seed"], "warmup_requests": warmup}
@@ -123,11 +171,14 @@ async def measure(spec: dict[str, Any], server: ServerSpec, url: str, engine: An
     return level.records, summary
 
 
-def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path) -> dict:
+def run_cell(
+    spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path
+) -> dict:
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
-    engine = get_engine(variant["engine"])
+    engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
+    check_model(variant)
     api_key = api_key_for(variant)
     label = f"{spec['variant_name']}/{arm_name}"
     host = variant.get("host") or "127.0.0.1"
@@ -143,23 +194,37 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
         server = make_spec(rec.port)
         records, summary = asyncio.run(measure(spec, server, rec.base_url, engine, api_key, tokenizer_path))
     key = f"{spec['experiment']}/{spec['variant_name']}/{arm_name}/c{spec['concurrency']}"
-    summary.update({
-        "schema_version": SCHEMA_VERSION,
-        "cell": {"experiment": spec["experiment"], "variant": spec["variant_name"], "arm": arm_name,
-                 "concurrency": spec["concurrency"], "key": key, "speculative": bool(arm["speculative"])},
-        "source": server.source,
-        "engine": server.engine,
-        "client_backend": server.client_backend,
-        "server": {**server.public_dict(), "info": summary.pop("server_info"), "pid": rec.server_pid,
-                   "ready_after_s": server_ready_s},
-        "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
-    })
+    summary.update(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "cell": {
+                "experiment": spec["experiment"],
+                "variant": spec["variant_name"],
+                "arm": arm_name,
+                "concurrency": spec["concurrency"],
+                "key": key,
+                "speculative": bool(arm["speculative"]),
+            },
+            "source": server.source,
+            "engine": server.engine,
+            "client_backend": server.client_backend,
+            "server": {
+                **server.public_dict(),
+                "info": summary.pop("server_info"),
+                "pid": rec.server_pid,
+                "ready_after_s": server_ready_s,
+            },
+            "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
+        }
+    )
     write_cell(out_dir, records, summary)
     return summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", required=True, help="the cell as JSON text (specsweep.config.cell_spec) or a file")
+    parser.add_argument(
+        "--spec", required=True, help="the cell as JSON text (specsweep.config.cell_spec) or a file"
+    )
     parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
@@ -175,9 +240,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"cell failed: {e}", file=sys.stderr)
         return 1
     m, v = summary["metrics"], summary["validity"]
-    print(json.dumps({"cell": summary["cell"]["key"], "source": summary["source"],
-                      "output_tok_s_steady": m.get("output_tok_s_steady"), "valid": v["valid"],
-                      "reasons": v["reasons"], "flags": v["flags"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "cell": summary["cell"]["key"],
+                "source": summary["source"],
+                "output_tok_s_steady": m.get("output_tok_s_steady"),
+                "valid": v["valid"],
+                "reasons": v["reasons"],
+                "flags": v["flags"],
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("specsweep.sim.calibrate", "fit a simulated-engine profile to measured cells"),
     "bench": ("specsweep.client.bench", "measure a running server at several concurrency levels"),
     "fingerprint": ("specsweep.fingerprint", "write a stack fingerprint JSON"),
+    "build-model": ("specsweep.modelbuild", "build a model locally in a variant's environment"),
     "cell": ("specsweep.cell", "measure one cell (variant x arm x concurrency)"),
     "servers": ("specsweep.servers", "list or stop the servers of an experiment"),
     "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),

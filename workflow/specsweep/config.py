@@ -108,7 +108,9 @@ def _check_semantics(config: dict[str, Any]) -> None:
                     f"config error at 'variants/{name}/arm_server_args/{arm}': unknown arm; "
                     f"known arms: {', '.join(arms)}"
                 )
-        if variant["engine"] in ("sglang", "vllm") and not (variant.get("model") or variant.get("model_builder")):
+        if variant["engine"] in ("sglang", "vllm") and not (
+            variant.get("model") or variant.get("model_builder")
+        ):
             raise ConfigError(
                 f"config error at 'variants/{name}/model': engine {variant['engine']} needs a model path "
                 "(or model_builder: tiny-llama)"
@@ -149,7 +151,26 @@ def server_group_priority(config: dict[str, Any], variant: str, arm: str) -> int
 
 
 def cell_dir(config: dict[str, Any], cell: Cell) -> Path:
-    return Path(config["results_dir"]) / config["experiment"] / cell.variant / cell.arm / f"c{cell.concurrency}"
+    return (
+        Path(config["results_dir"]) / config["experiment"] / cell.variant / cell.arm / f"c{cell.concurrency}"
+    )
+
+
+def model_dir(results_dir: str, experiment: str, variant_name: str) -> Path:
+    """Where a model_builder's model lives: built per experiment and variant, in its environment."""
+    return Path(results_dir) / experiment / "models" / variant_name
+
+
+def variant_for_server(
+    spec_or_config: dict[str, Any], variant_name: str, absolute: bool = True
+) -> dict[str, Any]:
+    """The variant as its server needs it: a built model's path filled in (absolute unless asked otherwise)."""
+    variants = spec_or_config.get("variants") or {variant_name: spec_or_config["variant"]}
+    variant = dict(variants[variant_name])
+    if variant.get("model_builder"):
+        path = model_dir(spec_or_config["results_dir"], spec_or_config["experiment"], variant_name)
+        variant["model"] = str(path.resolve() if absolute else path)
+    return variant
 
 
 def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) -> dict[str, Any]:

@@ -16,8 +16,11 @@ def final_text(config: dict[str, Any]) -> str:
     for variant in config["variants"]:
         path = res / variant / "crossover.json"
         if path.is_file():
-            lines += [format_table(read_json(path)), f"  -> {path} (plots: {res / variant / 'plots'}, "
-                      f"policy: {res / variant / 'policy.yaml'})", ""]
+            lines += [
+                format_table(read_json(path)),
+                f"  -> {path} (plots: {res / variant / 'plots'}, policy: {res / variant / 'policy.yaml'})",
+                "",
+            ]
         else:
             lines.append(f"{config['experiment']}/{variant}: no crossover.json yet")
     lines.append(f"results: {res.resolve()}")

@@ -48,3 +48,19 @@ def safe_environ(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment without secret-looking variables, for fingerprints."""
     env = dict(os.environ if env is None else env)
     return {k: v for k, v in env.items() if not is_secret_name(k)}
+
+
+def unredact_argv(argv: list[str], secret_env: tuple[str, ...] | list[str]) -> list[str]:
+    """Put the secret back (from the environment, at launch time) where a secret flag's value is masked."""
+    if not secret_env:
+        return list(argv)
+    value = os.environ.get(secret_env[0])
+    if not value:
+        raise RuntimeError(f"environment variable {secret_env[0]} (the server's API key) is not set")
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == MASK and i > 0 and out[i - 1] in SECRET_FLAGS:
+            out[i] = value
+        elif "=" in a and a.split("=", 1)[0] in SECRET_FLAGS and a.endswith("=" + MASK):
+            out[i] = a.split("=", 1)[0] + "=" + value
+    return out

@@ -29,7 +29,7 @@ import psutil
 
 from specsweep.engines.base import ServerSpec
 from specsweep.io import atomic_write_json, tail_lines
-from specsweep.redact import redact_text
+from specsweep.redact import redact_argv, redact_text, unredact_argv
 
 OWNER_ENV = "SPECSWEEP_OWNER_PID"
 POLL_S = 0.25
@@ -231,26 +231,48 @@ def _start(
 ) -> ServerRecord:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spec_file = state_dir / f"{_slug(spec.resource)}.spec"
-    atomic_write_json(spec_file, {"spec": asdict(spec), "label": label, "log_path": str(log_path)})
+    # The spec file holds the redacted command; the supervisor puts secrets back from its environment.
+    public = {**asdict(spec), "argv": redact_argv(spec.argv)}
+    atomic_write_json(spec_file, {"spec": public, "label": label, "log_path": str(log_path)})
     record_path = _record_path(state_dir, spec.resource)
     record_path.unlink(missing_ok=True)
     with open(log_path, "a") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {label}: {' '.join(spec.public_dict()['argv'])}\n")
+        log.write(
+            f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {label}: {' '.join(spec.public_dict()['argv'])}\n"
+        )
     with open(log_path, "a") as log:
         subprocess.Popen(
             [
-                sys.executable, "-m", "specsweep.servers", "supervise",
-                "--spec-file", str(spec_file), "--record", str(record_path),
-                "--owner-pid", str(owner[0]), "--owner-started", repr(owner[1]),
+                sys.executable,
+                "-m",
+                "specsweep.servers",
+                "supervise",
+                "--spec-file",
+                str(spec_file),
+                "--record",
+                str(record_path),
+                "--owner-pid",
+                str(owner[0]),
+                "--owner-started",
+                repr(owner[1]),
             ],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rec = read_record(record_path)
         if rec is not None:
             log_event(
-                state_dir, "start", label=label, identity=spec.identity, pid=rec.server_pid, port=spec.port,
+                state_dir,
+                "start",
+                label=label,
+                identity=spec.identity,
+                pid=rec.server_pid,
+                port=spec.port,
             )
             return rec
         time.sleep(0.05)
@@ -328,20 +350,40 @@ def acquire(
 def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started: float) -> int:
     """Run the server and end its whole tree when the owner goes away or a stop is asked (SIGTERM)."""
     data = json.loads(spec_file.read_text())
-    spec = ServerSpec(**{**data["spec"], "readiness_paths": tuple(data["spec"]["readiness_paths"]),
-                         "secret_env": tuple(data["spec"]["secret_env"])})
+    secret_env = tuple(data["spec"]["secret_env"])
+    spec = ServerSpec(
+        **{
+            **data["spec"],
+            "readiness_paths": tuple(data["spec"]["readiness_paths"]),
+            "secret_env": secret_env,
+            "argv": unredact_argv(data["spec"]["argv"], secret_env),
+        }
+    )
     env = {**os.environ, **spec.env}
     env.pop(OWNER_ENV, None)
     log = open(data["log_path"], "a")  # noqa: SIM115 - lives as long as the server
     server = subprocess.Popen(
-        spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        spec.argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     rec = ServerRecord(
-        identity=spec.identity, resource=spec.resource, engine=spec.engine, label=data["label"],
-        host=spec.host, port=spec.port, supervisor_pid=os.getpid(), server_pid=server.pid,
-        owner_pid=owner_pid, owner_started=owner_started, started_at=time.time(),
-        log_path=data["log_path"], command=spec.public_dict()["argv"],
+        identity=spec.identity,
+        resource=spec.resource,
+        engine=spec.engine,
+        label=data["label"],
+        host=spec.host,
+        port=spec.port,
+        supervisor_pid=os.getpid(),
+        server_pid=server.pid,
+        owner_pid=owner_pid,
+        owner_started=owner_started,
+        started_at=time.time(),
+        log_path=data["log_path"],
+        command=spec.public_dict()["argv"],
     )
     atomic_write_json(record_path, asdict(rec))
     stop = {"asked": False}
@@ -369,8 +411,14 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
     if current is not None and current.server_pid == server.pid:
         record_path.unlink(missing_ok=True)
     if reason != "stop asked":  # a requested stop is logged by whoever asked
-        log_event(record_path.parent, "stop", label=rec.label, identity=rec.identity, pid=server.pid,
-                  reason=reason.replace(" ", "_"))
+        log_event(
+            record_path.parent,
+            "stop",
+            label=rec.label,
+            identity=rec.identity,
+            pid=server.pid,
+            reason=reason.replace(" ", "_"),
+        )
     return 0
 
 
@@ -399,7 +447,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for rec in records(args.state_dir):
         alive = process_started(rec.server_pid) is not None
-        print(f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}")
+        print(
+            f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}"
+        )
     return 0
 
 

@@ -27,7 +27,7 @@ def resolve_tracking_uri(uri: str) -> str:
     """Make a relative sqlite path absolute so every process (and the printed UI command) agrees on it."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = Path(uri[len(prefix):]).resolve()
+        path = Path(uri[len(prefix) :]).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return prefix + str(path)
     return uri
@@ -94,8 +94,14 @@ class Tracker:
                 self.client.set_tag(run.info.run_id, f"{TAG}.superseded_reason", why)
                 self.client.delete_run(run.info.run_id)
 
-    def new_run(self, name: str, tags: dict[str, str], params: dict[str, Any], metrics: dict[str, float],
-                steps: list[tuple[int, dict[str, float]]] | None = None) -> str:
+    def new_run(
+        self,
+        name: str,
+        tags: dict[str, str],
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        steps: list[tuple[int, dict[str, float]]] | None = None,
+    ) -> str:
         from mlflow.entities import Metric, Param, RunTag
 
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
@@ -106,10 +112,14 @@ class Tracker:
             metric_objs += [Metric(k, v, now, step) for k, v in values.items()]
         param_objs = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, max(len(metric_objs), len(param_objs), 1), 500):
-            self.client.log_batch(run_id, metrics=metric_objs[i:i + 500], params=param_objs[i:i + 100],
-                                  tags=[RunTag(f"{TAG}.logged", "true")] if i == 0 else [])
+            self.client.log_batch(
+                run_id,
+                metrics=metric_objs[i : i + 500],
+                params=param_objs[i : i + 100],
+                tags=[RunTag(f"{TAG}.logged", "true")] if i == 0 else [],
+            )
         for j in range(100, len(param_objs), 100):
-            self.client.log_batch(run_id, params=param_objs[j:j + 100])
+            self.client.log_batch(run_id, params=param_objs[j : j + 100])
         return run_id
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
@@ -119,8 +129,11 @@ class Tracker:
 def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
     cell = summary["cell"]
     params: dict[str, Any] = {
-        "variant": cell["variant"], "arm": cell["arm"], "concurrency": cell["concurrency"],
-        "engine": summary.get("engine"), "source": summary.get("source"),
+        "variant": cell["variant"],
+        "arm": cell["arm"],
+        "concurrency": cell["concurrency"],
+        "engine": summary.get("engine"),
+        "source": summary.get("source"),
     }
     for k, v in (summary.get("workload") or {}).items():
         if not isinstance(v, dict | list):
@@ -154,9 +167,13 @@ def log_cell(tracker: Tracker, summary_path: Path) -> str:
             return run.info.run_id
     validity = summary.get("validity") or {}
     tags = {
-        f"{TAG}.kind": "cell", f"{TAG}.cell_key": key, f"{TAG}.experiment": summary["cell"]["experiment"],
-        f"{TAG}.variant": summary["cell"]["variant"], f"{TAG}.arm": summary["cell"]["arm"],
-        f"{TAG}.backend": str(summary.get("client_backend", "")), f"{TAG}.source": str(summary.get("source")),
+        f"{TAG}.kind": "cell",
+        f"{TAG}.cell_key": key,
+        f"{TAG}.experiment": summary["cell"]["experiment"],
+        f"{TAG}.variant": summary["cell"]["variant"],
+        f"{TAG}.arm": summary["cell"]["arm"],
+        f"{TAG}.backend": str(summary.get("client_backend", "")),
+        f"{TAG}.source": str(summary.get("source")),
         f"{TAG}.valid": str(bool(validity.get("valid", True))).lower(),
         f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
         f"{TAG}.summary_sha256": digest,
@@ -181,12 +198,18 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     sweep_key = f"{experiment}/{variant}/{arm}"
     digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
-    sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
+    sweep_id = next(
+        (r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None
+    )
     if sweep_id is None:
         first = read_json(summary_paths[0]) if summary_paths else {}
         tags = {
-            f"{TAG}.kind": "sweep", f"{TAG}.sweep_key": sweep_key, f"{TAG}.experiment": experiment,
-            f"{TAG}.variant": variant, f"{TAG}.arm": arm, f"{TAG}.source": str(first.get("source")),
+            f"{TAG}.kind": "sweep",
+            f"{TAG}.sweep_key": sweep_key,
+            f"{TAG}.experiment": experiment,
+            f"{TAG}.variant": variant,
+            f"{TAG}.arm": arm,
+            f"{TAG}.source": str(first.get("source")),
             f"{TAG}.cells_sha256": digest,
         }
         params = {"variant": variant, "arm": arm, "levels": ",".join(map(str, sorted(cell_runs)))}
@@ -196,11 +219,17 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
     for run_id in cell_runs.values():
         tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
-    return {"sweep_run_id": sweep_id, "cell_run_ids": {str(c): r for c, r in cell_runs.items()},
-            "tracking_uri": tracker.uri, "experiment_id": tracker.experiment_id}
+    return {
+        "sweep_run_id": sweep_id,
+        "cell_run_ids": {str(c): r for c, r in cell_runs.items()},
+        "tracking_uri": tracker.uri,
+        "experiment_id": tracker.experiment_id,
+    }
 
 
-def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]) -> dict[str, Any]:
+def log_crossover(
+    tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]
+) -> dict[str, Any]:
     """The crossover run of one variant: crossover concurrency and interval, plots and policy as artifacts."""
     experiment = tracker.config["experiment"]
     data = read_json(crossover_path)
@@ -216,8 +245,12 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     for arm_name, result in (data.get("arms") or {}).items():
         flatten(arm_name, _crossover_numbers(result), metrics)
     tags = {
-        f"{TAG}.kind": "crossover", f"{TAG}.crossover_key": key, f"{TAG}.experiment": experiment,
-        f"{TAG}.variant": variant, f"{TAG}.source": str(data.get("source")), f"{TAG}.content_sha256": digest,
+        f"{TAG}.kind": "crossover",
+        f"{TAG}.crossover_key": key,
+        f"{TAG}.experiment": experiment,
+        f"{TAG}.variant": variant,
+        f"{TAG}.source": str(data.get("source")),
+        f"{TAG}.content_sha256": digest,
         f"{TAG}.cell_runs": ",".join(cell_runs)[:5000],
     }
     run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)

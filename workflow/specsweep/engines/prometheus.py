@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from prometheus_client.parser import text_string_to_metric_families
 
 # Our name -> the metric (sample) names engines use. vLLM V1 exposes counters with a _total suffix.
@@ -9,7 +12,8 @@ SPEC_COUNTERS = {
     "num_drafts": ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts"),
     "num_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens"),
     "num_accepted_tokens": (
-        "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens",
     ),
 }
 GAUGES = {
@@ -19,11 +23,32 @@ GAUGES = {
 
 
 def samples(text: str) -> dict[str, float]:
-    """Sum of each sample name over its label sets."""
+    """Sum of each sample name over its label sets (NaN samples skipped).
+
+    A malformed line must not cost a cell its counters: on a parse error the text is read line by line and
+    the lines the parser refuses are skipped.
+    """
+    try:
+        return _sum(text_string_to_metric_families(text))
+    except ValueError:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                for name, value in _sum(text_string_to_metric_families(line + "\n")).items():
+                    out[name] = out.get(name, 0.0) + value
+            except ValueError:
+                continue
+        return out
+
+
+def _sum(families: Any) -> dict[str, float]:
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+            if not math.isnan(s.value):
+                out[s.name] = out.get(s.name, 0.0) + float(s.value)
     return out
 
 

@@ -1,0 +1,74 @@
+"""Real-time fidelity of the simulated server: achieved vs model throughput per level.
+
+Starts `specsweep.sim.server` in a subprocess (its own core), drives it with the sim's own minimal
+closed-loop client (specsweep.sim.loadcheck) and compares the steady-window aggregate throughput with the
+virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1.
+Run: .venv/bin/python benchmarks/sim_timing.py [--profile demo] [--speculative] [--levels 1,10,70,250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+from specsweep.sim.loadcheck import closed_loop, sim_server
+from specsweep.sim.predict import requests_for_level, simulate_level
+from specsweep.sim.profile import load_profile
+
+
+async def resets(url: str) -> int:
+    """Cumulative times the server's loop fell behind and restarted its schedule."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/server_info") as r:
+        return int((await r.json())["sim_loop"]["schedule_resets"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--profile", default="demo")
+    ap.add_argument("--speculative", action="store_true")
+    ap.add_argument("--levels", default="1,10,70,250")
+    ap.add_argument("--input-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--requests-per-concurrency", type=int, default=2)
+    ap.add_argument("--requests-floor", type=int, default=8)
+    args = ap.parse_args()
+    profile = load_profile(args.profile)
+    levels = [int(x) for x in args.levels.split(",")]
+    argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
+    print(
+        f"profile={profile.name} speculative={args.speculative} "
+        f"in={args.input_tokens} out={args.output_tokens}"
+    )
+    print(
+        "drift = achieved / model - 1; 'total' = all tokens / (last end - first send), "
+        "'steady' = steady window"
+    )
+    print(
+        f"{'C':>5} {'N':>5} {'model tok/s':>12} {'achieved':>10} {'total':>7} {'steady':>7} {'E2E':>7} "
+        f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6}"
+    )
+    with sim_server(*argv) as url:
+        asyncio.run(closed_loop(url, 1, 2, args.input_tokens, args.output_tokens))  # warm-up
+        sent = 2  # the server numbers requests; ids seed acceptance draws, so the model replays the same ids
+        for c in levels:
+            n = requests_for_level(c, args.requests_per_concurrency, args.requests_floor)
+            model = simulate_level(
+                profile, args.speculative, c, n, args.input_tokens, args.output_tokens, first_rid=sent
+            )
+            sent += n
+            got = asyncio.run(closed_loop(url, c, n, args.input_tokens, args.output_tokens))
+            total = got.aggregate_total_tok_s / model.aggregate_total_tok_s - 1
+            steady = got.aggregate_tok_s / model.aggregate_tok_s - 1
+            e2e = got.e2e_s / model.e2e_s - 1
+            rate = got.chunks / got.duration_s
+            print(
+                f"{c:>5} {n:>5} {model.aggregate_total_tok_s:>12.1f} {got.aggregate_total_tok_s:>10.1f} "
+                f"{100 * total:>+6.2f}% {100 * steady:>+6.2f}% {100 * e2e:>+6.2f}% {rate:>9.0f} "
+                f"{1000 * got.max_lag_s:>10.2f} {asyncio.run(resets(url)):>6}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Calibration: fitting to the seed table, and extending a partial sweep with a few baseline cells."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from specsweep.sim import calibrate as cal
+from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
+from specsweep.sim.profile import load_profile
+
+pytestmark = pytest.mark.unit
+
+PERTURB = {
+    "step.fixed_s": 0.006,
+    "step.per_seq_s": 0.0002,
+    "step.per_token_s": 0.0002,
+    "step.per_context_token_s": 0.000001,
+    "step.expert_read_s": 0.035,
+    "speculative.accept_prob": 0.65,
+    "speculative.draft_step_s": 0.003,
+    "speculative.draft_per_seq_s": 0.0001,
+}
+
+
+def test_calibrate_cli_to_seed_table_within_5_percent(tmp_path, capsys):
+    base = load_profile("kimi-k25-cu130-fusion").with_params(PERTURB)
+    base_path = tmp_path / "base.yaml"
+    cal.dump_profile(base, base_path)
+    out = tmp_path / "fitted.yaml"
+    parser = argparse.ArgumentParser()
+    cal.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--measured",
+            str(cal.seed_csv_path()),
+            "--profile",
+            str(base_path),
+            "--out",
+            str(out),
+            "--arm",
+            "eagle3",
+            "--name",
+            "fitted",
+        ]
+    )
+    assert cal.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "spec closed_loop C=250" in printed and "max |error|" in printed
+    fitted = load_profile(out)
+    assert fitted.name == "fitted" and fitted.illustrative is False
+    targets = cal.load_targets(cal.seed_csv_path(), "eagle3", cal.workload_of(fitted))
+    assert len(targets) == 9  # the cuda13-fusion stack: 8 levels + its single-stream figure
+    for t in targets:
+        assert abs(cal.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.05, t.label
+
+
+def _write_cell(root, variant, arm, c, tok_s, w, key="aggregate_tok_s"):
+    d = root / variant / arm / f"c{c}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "cell": {"variant": variant, "arm": arm, "concurrency": c},
+                "workload": {"input_tokens": w["input_tokens"], "output_tokens": w["output_tokens"]},
+                "metrics": {key: tok_s},
+                "validity": {"valid": True},
+            }
+        )
+    )
+
+
+def test_few_baseline_cells_give_the_baseline_curve(tmp_path):
+    """Truth: a profile; measured: its speculative sweep + 3 baseline cells; fit from a perturbed base."""
+    truth = load_profile("kimi-k25-cu130-fusion").with_params({"step.per_context_token_s": 0.0000002})
+    w = cal.workload_of(truth)
+    n = {c: requests_for_level(c, w["requests_per_concurrency"], w["requests_floor"]) for c in DEFAULT_LEVELS}
+
+    def true_tok_s(spec: bool, c: int) -> float:
+        return simulate_level(truth, spec, c, n[c], w["input_tokens"], w["output_tokens"]).aggregate_tok_s
+
+    for c in DEFAULT_LEVELS:
+        _write_cell(tmp_path, "sim", "eagle3", c, true_tok_s(True, c), w)
+    for c in (1, 10, 100):
+        _write_cell(tmp_path, "sim", "baseline", c, true_tok_s(False, c), w, key="output_tok_s_steady")
+    base = truth.with_params(PERTURB)
+    targets = cal.load_targets(tmp_path, "eagle3", w, variant="sim")
+    assert len(targets) == 11
+    fitted, pairs = cal.fit_profile(base, targets)
+    assert max(abs(s / t.tok_s - 1) for t, s in pairs) <= 0.05
+    for c in DEFAULT_LEVELS:
+        got = simulate_level(fitted, False, c, n[c], w["input_tokens"], w["output_tokens"]).aggregate_tok_s
+        assert abs(got / true_tok_s(False, c) - 1) <= 0.08, c

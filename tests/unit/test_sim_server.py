@@ -1,0 +1,213 @@
+"""API shapes of every simulated-server endpoint, served in-process on an ephemeral port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from specsweep.sim.profile import load_profile
+from specsweep.sim.server import SimServer
+
+pytestmark = pytest.mark.unit
+
+
+def with_client(fn: Callable[[TestClient, SimServer], Awaitable[Any]], **kw: Any) -> Any:
+    """Run fn(client, sim) against a fresh in-process server; always shut it down."""
+
+    async def main() -> Any:
+        sim = SimServer(load_profile(kw.pop("profile", "demo")), **kw)
+        async with TestClient(TestServer(sim.app(), host="127.0.0.1", port=0)) as client:
+            return await fn(client, sim)
+
+    return asyncio.run(main())
+
+
+async def sse(resp) -> list[Any]:
+    """Parsed `data:` payloads of a stream ('[DONE]' kept as a string)."""
+    out = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_health_info_models_tokenize_metrics():
+    async def go(c: TestClient, sim: SimServer):
+        for path in ("/health", "/health_generate"):
+            assert (await c.get(path)).status == 200
+        for path in ("/server_info", "/get_server_info"):
+            info = await (await c.get(path)).json()
+            assert info["engine"] == "specsweep-sim" and info["profile"] == "demo"
+            assert info["speculative_algorithm"] == "EAGLE3"
+            assert info["speculative_num_draft_tokens"] == 4 and info["max_running_requests"] == 256
+            assert "version" in info and "avg_spec_accept_length" in info
+            assert info["profile_params"]["step"]["fixed_s"] > 0
+        models = await (await c.get("/v1/models")).json()
+        assert models["data"][0]["id"] == sim.model_name
+        tok = await (await c.post("/tokenize", json={"prompt": "one two  three"})).json()
+        assert tok["count"] == 3 and len(tok["tokens"]) == 3 and tok["max_model_len"] == 4096
+        text = await (await c.get("/metrics")).text()
+        for name in (
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total",
+        ):
+            assert name in text
+
+    with_client(go, speculative=True)
+
+
+def test_baseline_info_has_no_speculation():
+    async def go(c: TestClient, sim: SimServer):
+        info = await (await c.get("/server_info")).json()
+        assert info["speculative_algorithm"] is None and info["avg_spec_accept_length"] is None
+        assert "spec_decode" not in await (await c.get("/metrics")).text()
+
+    with_client(go)
+
+
+def test_generate_stream_sglang_shape_and_accept_length():
+    async def go(c: TestClient, sim: SimServer):
+        body = {
+            "text": "a b c d",
+            "sampling_params": {"max_new_tokens": 40, "ignore_eos": True},
+            "stream": True,
+        }
+        chunks = await sse(await c.post("/generate", json=body))
+        assert chunks[-1] == "[DONE]"
+        objs = chunks[:-1]
+        counts = [o["meta_info"]["completion_tokens"] for o in objs]
+        assert counts == sorted(counts) and counts[-1] == 40 and len(set(counts)) == len(counts)
+        assert any(b - a > 1 for a, b in zip([0] + counts, counts, strict=False))  # multi-token chunks
+        for o in objs:
+            assert len(o["text"].split()) == o["meta_info"]["completion_tokens"]
+            assert o["meta_info"]["prompt_tokens"] == 4
+        assert all(o["meta_info"]["finish_reason"] is None for o in objs[:-1])
+        last = objs[-1]["meta_info"]
+        assert last["finish_reason"] == {"type": "length", "length": 40} and last["e2e_latency"] > 0
+        assert 1 <= 40 / last["spec_verify_ct"] <= 4
+        info = await (await c.get("/server_info")).json()
+        assert info["avg_spec_accept_length"] > 1
+        m = await (await c.get("/metrics")).text()
+        drafts = next(
+            float(x.split()[-1]) for x in m.splitlines() if x.startswith("vllm:spec_decode_num_drafts_total")
+        )
+        assert drafts == last["spec_verify_ct"]
+        assert "sim_sent_at" not in objs[0]
+
+    with_client(go, speculative=True)
+
+
+def test_generate_non_stream_and_input_ids():
+    async def go(c: TestClient, sim: SimServer):
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 7}}
+        out = await (await c.post("/generate", json=body)).json()
+        assert out["meta_info"]["completion_tokens"] == 7 and out["meta_info"]["prompt_tokens"] == 3
+        assert out["text"].split() == [f"tok{i}" for i in range(7)]
+        assert "spec_verify_ct" not in out["meta_info"]
+
+    with_client(go)
+
+
+def test_openai_completions_stream_with_usage_and_timestamps():
+    async def go(c: TestClient, sim: SimServer):
+        body = {
+            "prompt": "x y z",
+            "max_tokens": 9,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        t0 = time.monotonic()
+        chunks = await sse(await c.post("/v1/completions", json=body))
+        assert chunks[-1] == "[DONE]"
+        usage_chunk = chunks[-2]
+        assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 9,
+            "total_tokens": 12,
+        }
+        content = chunks[:-2]
+        text = "".join(o["choices"][0]["text"] for o in content)
+        assert len(text.split()) == 9
+        assert [o["usage"]["completion_tokens"] for o in content][-1] == 9
+        assert content[-1]["choices"][0]["finish_reason"] == "length"
+        sent = [o["sim_sent_at"] for o in chunks[:-1]]
+        assert sent == sorted(sent) and t0 < sent[0] < time.monotonic()
+
+    with_client(go, debug_timestamps=True)
+
+
+def test_openai_chat_stream_and_non_stream():
+    async def go(c: TestClient, sim: SimServer):
+        msgs = [{"role": "user", "content": "hello there friend"}]
+        body = {"messages": msgs, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+        chunks = await sse(await c.post("/v1/chat/completions", json=body))
+        assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["prompt_tokens"] == 3
+        content = chunks[:-2]
+        assert content[0]["object"] == "chat.completion.chunk"
+        assert content[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "usage" not in content[0]  # continuous usage only when asked
+        assert len("".join(o["choices"][0]["delta"]["content"] for o in content).split()) == 5
+        out = await (await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4})).json()
+        assert out["choices"][0]["message"]["content"].split() == ["tok0", "tok1", "tok2", "tok3"]
+        assert out["usage"]["completion_tokens"] == 4
+        out = await (await c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})).json()
+        assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+
+    with_client(go)
+
+
+def test_flush_cache_400_while_busy_200_when_idle():
+    async def go(c: TestClient, sim: SimServer):
+        body = {"text": "a", "sampling_params": {"max_new_tokens": 200}, "stream": False}
+        task = asyncio.create_task(c.post("/generate", json=body))
+        while not sim.engine.has_work:
+            await asyncio.sleep(0.005)
+        busy = await c.post("/flush_cache")
+        assert busy.status == 400
+        running = await (await c.get("/metrics")).text()
+        assert 'sglang:num_running_reqs{model_name="specsweep-sim/demo"} 1' in running
+        resp = await task
+        assert resp.status == 200
+        assert (await c.post("/flush_cache")).status == 200
+        assert (await c.get("/flush_cache")).status == 200
+
+    with_client(go)
+
+
+def test_bad_requests():
+    async def go(c: TestClient, sim: SimServer):
+        assert (await c.post("/generate", data=b"{not json")).status == 400
+        too_long = {"text": "a", "sampling_params": {"max_new_tokens": 5000}}
+        assert (await c.post("/generate", json=too_long)).status == 400
+        assert (await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})).status in (200, 400)
+
+    with_client(go)
+
+
+def test_max_running_requests_flag_caps_the_batch():
+    async def go(c: TestClient, sim: SimServer):
+        body = {"text": "a", "sampling_params": {"max_new_tokens": 30}}
+        tasks = [asyncio.create_task(c.post("/generate", json=body)) for _ in range(5)]
+        peak = 0
+        while not all(t.done() for t in tasks):
+            peak = max(peak, len(sim.engine.running))
+            await asyncio.sleep(0.002)
+        assert peak == 2
+        assert [(await t).status for t in tasks] == [200] * 5
+        info = await (await c.get("/server_info")).json()
+        assert info["max_running_requests"] == 2
+
+    with_client(go, max_running_requests=2)

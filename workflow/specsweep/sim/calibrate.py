@@ -1,0 +1,295 @@
+"""Fit a profile's step-time parameters to measured cells, so `predict` can extend a partial sweep.
+
+The fit minimises squared relative error of aggregate throughput. Simulating every candidate would be slow,
+so the optimiser works on a mean-field model of the steady state, and a few outer rounds multiply each
+target's mean-field value by the ratio simulation/mean-field of the previous round; the reported error is
+always the full simulation's. Parameters move in log space (accept_prob in logit space) with a weak pull
+towards the base profile, because a handful of cells cannot pin down every parameter on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from specsweep.sim.engine import step_time
+from specsweep.sim.predict import requests_for_level, simulate_level
+from specsweep.sim.profile import Profile, dump_profile, load_profile
+
+DEFAULT_PARAMS_BASELINE = [
+    "step.fixed_s",
+    "step.per_seq_s",
+    "step.per_token_s",
+    "step.per_context_token_s",
+    "step.expert_read_s",
+]
+DEFAULT_PARAMS_SPECULATIVE = [
+    "speculative.accept_prob",
+    "speculative.draft_step_s",
+    "speculative.draft_per_seq_s",
+]
+
+
+def seed_csv_path() -> Path:
+    """The package's copy of the user's seed measurements (usable without the team's shared folder)."""
+    return Path(str(resources.files("specsweep") / "data" / "seed_measurements.csv"))
+
+
+# Throughput keys of a cell summary, preferred first (the metrics module writes output_tok_s_steady).
+STEADY_KEYS = ("aggregate_tok_s", "output_tok_s_steady", "output_tok_s_total")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One measured number to reproduce."""
+
+    speculative: bool
+    mode: str  # "closed_loop" (steady aggregate tok/s) or "single_stream" (decode tok/s of one request)
+    concurrency: int
+    tok_s: float
+    input_tokens: int
+    output_tokens: int
+    n_requests: int
+
+    @property
+    def label(self) -> str:
+        arm = "spec" if self.speculative else "base"
+        return f"{arm} {self.mode} C={self.concurrency}"
+
+
+def workload_of(profile: Profile) -> dict[str, int]:
+    w = dict(profile.reference.get("workload", {}) or {})
+    return {
+        "input_tokens": int(w.get("input_tokens", 128)),
+        "output_tokens": int(w.get("output_tokens", 512)),
+        "requests_per_concurrency": int(w.get("requests_per_concurrency", 2)),
+        "requests_floor": int(w.get("requests_floor", 8)),
+        "single_stream_input_tokens": int(w.get("single_stream_input_tokens", w.get("input_tokens", 128))),
+    }
+
+
+def load_targets(
+    path: str | Path,
+    spec_arm: str,
+    workload: dict[str, int],
+    stack: str | None = None,
+    variant: str | None = None,
+    single_stream: bool = True,
+) -> list[Target]:
+    """Targets from a CSV in the seed table's form or a results directory of cell summaries."""
+    p = Path(path)
+    if p.is_dir():
+        return _targets_from_results(p, spec_arm, workload, variant)
+    rows = list(csv.DictReader(p.open()))
+    if stack is None:
+        counts: dict[str, int] = {}
+        for r in rows:
+            if r.get("mode", "closed_loop") == "closed_loop":
+                counts[r["stack"]] = counts.get(r["stack"], 0) + 1
+        stack = max(counts, key=lambda s: counts[s]) if counts else None
+    out: list[Target] = []
+    for r in rows:
+        if stack is not None and r.get("stack") != stack:
+            continue
+        if r["arm"] not in ("baseline", spec_arm):
+            continue
+        mode = r.get("mode", "closed_loop") or "closed_loop"
+        if mode == "single_stream" and not single_stream:
+            continue
+        c = int(r["concurrency"])
+        single = mode == "single_stream"
+        out.append(
+            Target(
+                speculative=r["arm"] != "baseline",
+                mode=mode,
+                concurrency=c,
+                tok_s=float(r["aggregate_tok_s"]),
+                input_tokens=workload["single_stream_input_tokens" if single else "input_tokens"],
+                output_tokens=workload["output_tokens"],
+                n_requests=1
+                if single
+                else requests_for_level(c, workload["requests_per_concurrency"], workload["requests_floor"]),
+            )
+        )
+    return out
+
+
+def _targets_from_results(
+    root: Path, spec_arm: str, workload: dict[str, int], variant: str | None
+) -> list[Target]:
+    out: list[Target] = []
+    for f in sorted(root.glob("**/c*/summary.json")):
+        s = json.loads(f.read_text())
+        cell = s.get("cell", {})
+        arm = cell.get("arm", f.parent.parent.name)
+        var = cell.get("variant", f.parent.parent.parent.name)
+        if (variant and var != variant) or arm not in ("baseline", spec_arm):
+            continue
+        w = s.get("workload", {})
+        metrics = s.get("metrics") or {}
+        tok_s = next((metrics[k] for k in STEADY_KEYS if metrics.get(k) is not None), None)
+        if tok_s is None or not s.get("validity", {}).get("valid", True):
+            continue
+        c = int(cell.get("concurrency", f.parent.name.lstrip("c")))
+        n_req = next((w[k] for k in ("n_requests", "requests") if isinstance(w.get(k), int)), None)
+        out.append(
+            Target(
+                speculative=arm != "baseline",
+                mode="closed_loop",
+                concurrency=c,
+                tok_s=float(tok_s),
+                input_tokens=int(w.get("input_tokens", workload["input_tokens"])),
+                output_tokens=int(w.get("output_tokens", workload["output_tokens"])),
+                n_requests=n_req
+                or requests_for_level(c, workload["requests_per_concurrency"], workload["requests_floor"]),
+            )
+        )
+    return out
+
+
+def mean_field_tok_s(profile: Profile, t: Target) -> float:
+    """Steady-state throughput with every slot decoding at the mean context length (fast, approximate)."""
+    spec = t.speculative
+    b = 1 if t.mode == "single_stream" else min(t.concurrency, profile.running_cap(spec))
+    width = profile.speculative.draft_tokens + 1 if spec else 1
+    accept = profile.expected_accept_length() if spec else 1.0
+    ctx = b * (t.input_tokens + t.output_tokens / 2)
+    td = step_time(profile, spec, b, b * width, 0, b, ctx)
+    if t.mode == "single_stream":
+        return accept / td
+    c = profile.step_costs(spec)
+    steps = 1 + (t.output_tokens - 1) / accept
+    prefill = t.input_tokens * c.prefill_token_s
+    return b * t.output_tokens / (steps * td + b * prefill)
+
+
+def simulated_tok_s(profile: Profile, t: Target, seed: int = 0) -> float:
+    if t.mode == "single_stream":
+        p = simulate_level(profile, t.speculative, 1, 3, t.input_tokens, t.output_tokens, seed=seed)
+        return 1.0 / p.tpot_s
+    return simulate_level(
+        profile, t.speculative, t.concurrency, t.n_requests, t.input_tokens, t.output_tokens, seed=seed
+    ).aggregate_tok_s
+
+
+def _to_x(name: str, v: float) -> float:
+    if name == "speculative.accept_prob":
+        return math.log(v / (1 - v))
+    return math.log(v)
+
+
+def _from_x(name: str, x: float) -> float:
+    if name == "speculative.accept_prob":
+        return min(0.995, 1 / (1 + math.exp(-x)))
+    return math.exp(x)
+
+
+def fit_profile(
+    base: Profile,
+    targets: list[Target],
+    params: list[str] | None = None,
+    rounds: int = 3,
+    prior_weight: float = 0.01,
+    seed: int = 0,
+) -> tuple[Profile, list[tuple[Target, float]]]:
+    """Fit; return the fitted profile and (target, simulated tok/s) pairs."""
+    from scipy.optimize import least_squares
+
+    if params is None:
+        params = list(DEFAULT_PARAMS_BASELINE)
+        if any(t.speculative for t in targets):
+            params += DEFAULT_PARAMS_SPECULATIVE
+    params = [p for p in params if base.get(p) > 0]  # a zero parameter is a structural choice: keep it
+    x0 = np.array([_to_x(p, base.get(p)) for p in params])
+    corr = np.ones(len(targets))
+    profile = base
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        prof = base.with_params({p: _from_x(p, v) for p, v in zip(params, x, strict=True)})
+        r = [mean_field_tok_s(prof, t) * k / t.tok_s - 1 for t, k in zip(targets, corr, strict=True)]
+        return np.concatenate([np.array(r), prior_weight * (x - x0)])
+
+    x = x0
+    sims: list[float] = []
+    for _ in range(rounds):
+        x = least_squares(residuals, x, method="trf", x_scale=1.0).x
+        profile = base.with_params({p: _from_x(p, v) for p, v in zip(params, x, strict=True)})
+        sims = [simulated_tok_s(profile, t, seed) for t in targets]
+        corr = np.array([s / mean_field_tok_s(profile, t) for s, t in zip(sims, targets, strict=True)])
+    return profile, list(zip(targets, sims, strict=True))
+
+
+def format_fit(pairs: list[tuple[Target, float]]) -> str:
+    lines = [f"{'target':>28} {'measured':>9} {'fitted':>9} {'error':>7}"]
+    for t, s in pairs:
+        lines.append(f"{t.label:>28} {t.tok_s:>9.1f} {s:>9.1f} {100 * (s / t.tok_s - 1):>+6.1f}%")
+    worst = max((abs(s / t.tok_s - 1) for t, s in pairs), default=0.0)
+    lines.append(f"max |error| {100 * worst:.1f}%")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--measured", required=True, help="seed-style CSV or a results directory of cells")
+    parser.add_argument("--profile", required=True, help="base profile (name or YAML path)")
+    parser.add_argument("--out", required=True, help="fitted profile YAML to write")
+    parser.add_argument("--arm", default="eagle3", help="name of the speculative arm in the measurements")
+    parser.add_argument("--stack", default=None, help="CSV only: which stack's rows (default: most rows)")
+    parser.add_argument("--variant", default=None, help="results directory only: which variant")
+    parser.add_argument("--name", default=None, help="name of the fitted profile (default: <base>-fitted)")
+    parser.add_argument("--params", default=None, help="comma-separated dotted parameters to fit")
+    parser.add_argument("--no-single-stream", action="store_true", help="ignore single-stream rows")
+    parser.add_argument("--rounds", type=int, default=3)
+
+
+def run(args: argparse.Namespace) -> int:
+    base = load_profile(args.profile)
+    targets = load_targets(
+        args.measured,
+        args.arm,
+        workload_of(base),
+        stack=args.stack,
+        variant=args.variant,
+        single_stream=not args.no_single_stream,
+    )
+    if not targets:
+        print(f"no measured cells found in {args.measured}", file=sys.stderr)
+        return 1
+    params = args.params.split(",") if args.params else None
+    fitted, pairs = fit_profile(base, targets, params, rounds=args.rounds)
+    name = args.name or f"{base.name}-fitted"
+    fitted = fitted.with_params({}) if name == fitted.name else _renamed(fitted, name)
+    dump_profile(
+        fitted,
+        args.out,
+        header=f"# fitted by `specsweep calibrate` from {args.measured} (base profile {base.name})",
+    )
+    print(format_fit(pairs))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _renamed(profile: Profile, name: str) -> Profile:
+    from specsweep.sim.profile import profile_from_dict
+
+    d = profile.to_dict()
+    d["name"] = name
+    d["illustrative"] = False
+    return profile_from_dict(d)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.sim.calibrate", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The clock-agnostic engine core: continuous batching, chunked prefill, the step-time model, speculation.
+
+The engine never reads a clock. `step(now)` forms a batch at time `now`, returns how long the step takes and
+what it emits at its end; a driver decides what "time" is. The real-time server sleeps until each step's end,
+the virtual-time predictor just adds the duration. Sharing this core is what makes a prediction and a
+real-time measurement of the same profile agree.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from specsweep.sim.profile import Profile, StepCosts
+
+# When the engine is idle, the first arrival opens a short admission window before the step starts, and each
+# further arrival inside it extends it (up to ADMISSION_MAX_S), so that a burst of requests (a closed-loop
+# client starting C streams, which an HTTP server parses one by one) forms one batch, as a real scheduler's
+# polling loop does. Both clocks apply the same rule, so it never separates prediction from measurement.
+ADMISSION_WINDOW_S = 0.002
+ADMISSION_MAX_S = 0.02
+
+
+def admission_end(arrivals: list[float]) -> float:
+    """When the first step starts on an idle engine, given sorted arrival times (virtual-time rule)."""
+    end = arrivals[0] + ADMISSION_WINDOW_S
+    cap = arrivals[0] + ADMISSION_MAX_S
+    for a in arrivals[1:]:
+        if a > end:
+            break
+        end = min(a + ADMISSION_WINDOW_S, cap)
+    return end
+
+
+def step_time(
+    profile: Profile,
+    speculative: bool,
+    n_seqs: int,
+    decode_tokens: int,
+    prefill_tokens: int,
+    n_decode: int,
+    context_tokens: int = 0,
+) -> float:
+    """Seconds one engine step takes (formula and units in docs/sim.md).
+
+    n_seqs: sequences in the step; decode_tokens: decode (1 each) or verify (k+1 each) tokens;
+    prefill_tokens: prompt tokens of this step's prefill chunk; n_decode: sequences decoding or verifying;
+    context_tokens: summed context length (prompt + generated) of the decoding sequences (attention KV reads).
+    """
+    if n_seqs == 0:
+        return 0.0
+    c: StepCosts = profile.step_costs(speculative)
+    m = profile.model
+    t = c.fixed_s + c.per_seq_s * n_seqs + c.per_token_s * decode_tokens + c.prefill_token_s * prefill_tokens
+    t += c.per_context_token_s * context_tokens
+    if m.tensor_parallel > 1:
+        t += m.layers * m.allreduces_per_layer * c.allreduce_s
+    if m.experts_total > 0 and c.expert_read_s > 0:
+        # Fraction of routed experts touched by the step's tokens (uniform routing): weights are read once.
+        untouched = (1.0 - m.experts_active / m.experts_total) ** (decode_tokens + prefill_tokens)
+        t += c.expert_read_s * (1.0 - untouched)
+    if speculative and n_decode > 0:
+        s = profile.speculative
+        t += s.draft_tokens * (s.draft_step_s + s.draft_per_seq_s * n_decode)
+    return t
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One generation request inside the engine."""
+
+    rid: int
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival: float = 0.0
+    prefilled: int = 0
+    generated: int = 0
+    verify_ct: int = 0
+    accepted_draft_tokens: int = 0
+    first_token_at: float = math.nan
+    finished_at: float = math.nan
+    aborted: bool = False
+    rng: random.Random | None = field(default=None, repr=False)
+    tag: object = field(default=None, repr=False)  # the driver's handle (a stream, a record)
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.max_new_tokens
+
+
+@dataclass
+class StepResult:
+    """What one step did: its duration and the token chunks it emits at its end."""
+
+    duration: float
+    emissions: list[tuple[SimRequest, int]]  # (request, tokens in this chunk)
+    finished: list[SimRequest]
+    n_seqs: int
+    tokens: int
+
+
+class Engine:
+    """Continuous batching with a running-request cap, a FIFO waiting queue and chunked prefill."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        speculative: bool,
+        seed: int = 0,
+        max_running_requests: int | None = None,
+        first_rid: int = 0,
+    ) -> None:
+        self.profile = profile
+        self.speculative = speculative
+        self.seed = seed
+        self.cap = max_running_requests or profile.running_cap(speculative)
+        self.k = profile.speculative.draft_tokens
+        a = profile.speculative.accept_prob
+        self._log_a = math.log(a) if a > 0 else -math.inf
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        # Request ids seed the acceptance draws, so a prediction can replay a server's n-th request.
+        self._next_rid = first_rid
+        # Cumulative counters since start (as the real engines expose them).
+        self.steps = 0
+        self.tokens_emitted = 0
+        self.verify_steps = 0  # per-sequence verify passes (vLLM "drafts")
+        self.verify_tokens = 0  # tokens emitted by verify passes (SGLang accept length numerator)
+        self.accepted_draft_tokens = 0
+        self.requests_finished = 0
+
+    def new_request(self, prompt_tokens: int, max_new_tokens: int, arrival: float = 0.0) -> SimRequest:
+        """Create and enqueue a request; its acceptance draws come from its own seeded stream."""
+        rid = self._next_rid
+        self._next_rid += 1
+        req = SimRequest(
+            rid=rid, prompt_tokens=max(1, prompt_tokens), max_new_tokens=max_new_tokens, arrival=arrival
+        )
+        if self.speculative:
+            req.rng = random.Random(self.seed * 1_000_003 + rid)
+        self.waiting.append(req)
+        return req
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request (client went away); it frees its slot at the next step."""
+        req.aborted = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def _accepted(self, req: SimRequest) -> int:
+        """Accepted draft prefix length: P(>= i) = a**i, truncated at k (inverse CDF, one draw)."""
+        if self._log_a == -math.inf:
+            return 0
+        u = req.rng.random() if req.rng is not None else random.random()
+        if u <= 0.0:
+            return self.k
+        return min(self.k, int(math.log(u) / self._log_a))
+
+    def step(self, now: float) -> StepResult:
+        """Form a batch at `now` and run one step; emissions happen at now + duration."""
+        while self.waiting and len(self.running) < self.cap:
+            self.running.append(self.waiting.popleft())
+        budget = self.profile.batching.prefill_chunk_tokens
+        prefill_tokens = decode_tokens = n_decode = context = 0
+        emissions: list[tuple[SimRequest, int]] = []
+        finished: list[SimRequest] = []
+        verify_width = self.k + 1 if self.speculative else 1
+        for req in self.running:
+            if req.prefilled < req.prompt_tokens:
+                if budget <= 0:
+                    continue
+                chunk = min(budget, req.prompt_tokens - req.prefilled)
+                budget -= chunk
+                prefill_tokens += chunk
+                req.prefilled += chunk
+                if req.prefilled == req.prompt_tokens:  # the prefill's last chunk yields the first token
+                    emissions.append((req, 1))
+                continue
+            n_decode += 1
+            decode_tokens += verify_width
+            context += req.prompt_tokens + req.generated
+            if self.speculative:
+                acc = self._accepted(req)
+                n = min(acc + 1, req.max_new_tokens - req.generated)
+                req.verify_ct += 1
+                req.accepted_draft_tokens += min(acc, n)
+                self.verify_steps += 1
+                self.verify_tokens += n
+                self.accepted_draft_tokens += min(acc, n)
+            else:
+                n = 1
+            emissions.append((req, n))
+        duration = step_time(
+            self.profile,
+            self.speculative,
+            len(self.running),
+            decode_tokens,
+            prefill_tokens,
+            n_decode,
+            context,
+        )
+        end = now + duration
+        tokens = 0
+        for req, n in emissions:
+            if req.generated == 0:
+                req.first_token_at = end
+            req.generated += n
+            tokens += n
+            if req.generated >= req.max_new_tokens:
+                req.finished_at = end
+                finished.append(req)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+            self.requests_finished += len(finished)
+        self.steps += 1
+        self.tokens_emitted += tokens
+        return StepResult(duration, emissions, finished, len(self.running) + len(finished), tokens)
+
+    def avg_accept_length(self) -> float:
+        """Cumulative tokens per verify pass since start (SGLang's avg_spec_accept_length)."""
+        return self.verify_tokens / self.verify_steps if self.verify_steps else 0.0

@@ -1,0 +1,590 @@
+"""The simulated engine in real time, behind an aiohttp server that speaks SGLang's and the OpenAI API.
+
+One engine loop runs steps on the monotonic clock: step k+1 starts at step k's absolute end time, so sleep
+overshoot never accumulates into drift. Each step wakes every stream that got tokens once; a stream writes
+whatever accumulated since its last write as one chunk (several tokens under speculation, as real engines do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from specsweep.sim.engine import ADMISSION_MAX_S, ADMISSION_WINDOW_S, Engine, SimRequest, StepResult
+from specsweep.sim.faults import FaultConfig, FaultState, add_fault_arguments, faults_from_args
+from specsweep.sim.profile import Profile, load_profile
+
+SIM_VERSION = "0.1.0-sim"
+LAG_RESET_S = 0.05  # behind schedule by more than this: restart the schedule instead of bursting to catch up
+_WORDS: list[str] = []
+
+
+def _words(n: int) -> list[str]:
+    """Token words: 'tok0', ' tok1', ' tok2', ...: whitespace splitting gives one word per token."""
+    while len(_WORDS) < n:
+        i = len(_WORDS)
+        _WORDS.append(f"tok{i}" if i == 0 else f" tok{i}")
+    return _WORDS
+
+
+def count_tokens(text: str) -> int:
+    """The sim tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+@dataclass(eq=False)
+class Stream:
+    """A request's link from the engine loop to its HTTP handler."""
+
+    req: SimRequest
+    sent_at: float
+    pending: int = 0  # tokens emitted by the engine, not yet written
+    verify_ct: int = 0  # verify passes behind the tokens delivered so far (the engine may be a step ahead)
+    done: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SimServer:
+    """Engine + real-time loop + HTTP handlers."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        speculative: bool = False,
+        seed: int = 0,
+        max_running_requests: int | None = None,
+        debug_timestamps: bool = False,
+        faults: FaultConfig | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.profile = profile
+        self.api_key = api_key
+        self.speculative = speculative
+        self.seed = seed
+        self.engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests)
+        self.debug_timestamps = debug_timestamps
+        self.faults = faults or FaultConfig()
+        self.fault_state = FaultState(self.faults, seed)
+        self.model_name = f"specsweep-sim/{profile.name}"
+        self.started_at = time.monotonic()
+        self.tokens_emitted = 0
+        self.requests_total = 0
+        self.loop_resets = 0  # times the loop fell more than LAG_RESET_S behind and restarted its schedule
+        self.loop_late_max_s = 0.0  # worst lateness of a step end (sleep overshoot or a busy event loop)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- engine loop -------------------------------------------------------------------------------------
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Like SGLang with --api-key: every endpoint but the health checks needs `Authorization: Bearer`."""
+        if self.api_key and request.path not in ("/health", "/health_generate"):
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": "invalid or missing API key"}, status=401)
+        return await handler(request)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.started_at = time.monotonic()
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run_engine())
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run_engine(self) -> None:
+        """The engine loop; a bug in it ends the process: a server that never emits would hang clients."""
+        try:
+            await self._engine_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+
+    async def _engine_loop(self) -> None:
+        assert self._wake is not None
+        next_start: float | None = None
+        while True:
+            if not self.engine.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                await self._admission_window()
+                next_start = None
+            now = time.monotonic()
+            if next_start is not None and now - next_start >= LAG_RESET_S:
+                self.loop_resets += 1
+                next_start = None
+            start = now if next_start is None else next_start
+            res = self.engine.step(start)
+            end = start + res.duration
+            delay = end - time.monotonic()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self.loop_late_max_s = max(self.loop_late_max_s, time.monotonic() - end)
+            self._deliver(res)
+            next_start = end
+            stall = self.fault_state.take_stall(self.tokens_emitted)
+            if stall:
+                await asyncio.sleep(stall)
+                next_start = None
+
+    async def _admission_window(self) -> None:
+        """Wait ADMISSION_WINDOW_S after the first arrival, longer while more keep arriving (engine.py)."""
+        first = time.monotonic()
+        seen = self.requests_total
+        await asyncio.sleep(ADMISSION_WINDOW_S)
+        while self.requests_total != seen and time.monotonic() - first < ADMISSION_MAX_S:
+            seen = self.requests_total
+            await asyncio.sleep(ADMISSION_WINDOW_S)
+
+    def _deliver(self, res: StepResult) -> None:
+        for req, n in res.emissions:
+            stream: Stream = req.tag  # type: ignore[assignment]
+            stream.pending += n
+            stream.verify_ct = req.verify_ct
+            if req.done:
+                stream.done = True
+            stream.event.set()
+        self.tokens_emitted += res.tokens
+        if self.fault_state.should_crash(self.tokens_emitted):
+            sys.stdout.flush()
+            os._exit(3)
+
+    def _submit(self, prompt_tokens: int, max_new_tokens: int) -> Stream:
+        now = time.monotonic()
+        req = self.engine.new_request(prompt_tokens, max_new_tokens, arrival=now)
+        stream = Stream(req=req, sent_at=now)
+        req.tag = stream
+        self.requests_total += 1
+        assert self._wake is not None
+        self._wake.set()
+        return stream
+
+    async def _chunks(self, stream: Stream) -> Any:
+        """Yield (first_token_index, n_tokens, finished) each time the engine emitted for this stream."""
+        pos = 0
+        while True:
+            await stream.event.wait()
+            stream.event.clear()
+            n, stream.pending = stream.pending, 0
+            if n:
+                yield pos, n, stream.done
+                pos += n
+            if stream.done:
+                return
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def _ready(self) -> bool:
+        return time.monotonic() - self.started_at >= self.faults.slow_start_s
+
+    def _check_request(self, prompt_tokens: int, max_new: int) -> web.Response | None:
+        if not self._ready():
+            return web.json_response({"error": "server is starting"}, status=503)
+        if max_new < 1:
+            return web.json_response({"error": "max tokens must be >= 1"}, status=400)
+        if prompt_tokens + max_new > self.profile.batching.max_model_len:
+            return web.json_response(
+                {
+                    "error": f"prompt ({prompt_tokens}) + max tokens ({max_new}) exceeds max_model_len "
+                    f"{self.profile.batching.max_model_len}"
+                },
+                status=400,
+            )
+        if self.fault_state.http_error():
+            return web.json_response({"error": "injected fault: internal server error"}, status=500)
+        return None
+
+    async def _start_sse(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        return resp
+
+    async def _write(self, resp: web.StreamResponse, obj: dict[str, Any]) -> None:
+        if self.debug_timestamps:
+            obj["sim_sent_at"] = time.monotonic()
+        await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+    async def _maybe_faults(self, resp: web.StreamResponse, stream: Stream) -> bool:
+        """Inject the one-shot stream faults; True when the stream must end now (truncated)."""
+        if self.fault_state.take_malformed(self.tokens_emitted):
+            await resp.write(b"data: {this is not json\n\n")
+        if self.fault_state.take_truncate(self.tokens_emitted):
+            self.engine.abort(stream.req)
+            await resp.write_eof()
+            return True
+        return False
+
+    # ---- endpoints ---------------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if not self._ready():
+            return web.Response(status=503, text="starting")
+        return web.Response(text="ok")
+
+    def info(self) -> dict[str, Any]:
+        p = self.profile
+        spec = self.speculative
+        accept = round(self.engine.avg_accept_length(), 4) if spec else None
+        return {
+            "engine": "specsweep-sim",
+            "version": SIM_VERSION,
+            "model_path": self.model_name,
+            "served_model_name": self.model_name,
+            "tp_size": p.model.tensor_parallel,
+            "max_running_requests": self.engine.cap,
+            "chunked_prefill_size": p.batching.prefill_chunk_tokens,
+            "context_length": p.batching.max_model_len,
+            "speculative_algorithm": p.speculative.algorithm if spec else None,
+            "speculative_num_steps": p.speculative.draft_tokens if spec else None,
+            "speculative_eagle_topk": 1 if spec else None,
+            "speculative_num_draft_tokens": p.speculative.draft_tokens + 1 if spec else None,
+            "avg_spec_accept_length": accept,
+            "internal_states": [{"avg_spec_accept_length": accept}],
+            "random_seed": self.seed,
+            "profile": p.name,
+            "profile_illustrative": p.illustrative,
+            "profile_params": p.to_dict(),
+            "debug_timestamps": self.debug_timestamps,
+            "faults": self.faults.active(),
+            "sim_loop": {
+                "steps": self.engine.steps,
+                "schedule_resets": self.loop_resets,
+                "late_max_s": round(self.loop_late_max_s, 6),
+                "requests_total": self.requests_total,
+                "tokens_emitted": self.tokens_emitted,
+            },
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.info())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.engine.has_work:
+            return web.Response(
+                status=400, text="Cache not flushed. Please check if there are running requests."
+            )
+        return web.Response(text="Cache flushed.\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        e = self.engine
+        label = f'{{model_name="{self.model_name}"}}'
+        lines = [
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{label} {len(e.running)}",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f"sglang:num_queue_reqs{label} {len(e.waiting)}",
+            "# TYPE sglang:generation_tokens_total counter",
+            f"sglang:generation_tokens_total{label} {e.tokens_emitted}",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {len(e.running)}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {len(e.waiting)}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {e.tokens_emitted}",
+        ]
+        if self.speculative:
+            k = self.profile.speculative.draft_tokens
+            lines += [
+                "# TYPE vllm:spec_decode_num_drafts_total counter",
+                f"vllm:spec_decode_num_drafts_total{label} {e.verify_steps}",
+                "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+                f"vllm:spec_decode_num_draft_tokens_total{label} {e.verify_steps * k}",
+                "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                f"vllm:spec_decode_num_accepted_tokens_total{label} {e.accepted_draft_tokens}",
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        prompt = body.get("prompt", "")
+        if not isinstance(prompt, str):
+            return web.json_response({"error": "prompt must be a string"}, status=400)
+        words = prompt.split()
+        return web.json_response(
+            {
+                "count": len(words),
+                "tokens": [zlib.crc32(w.encode()) % 100_000 for w in words],
+                "max_model_len": self.profile.batching.max_model_len,
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "specsweep-sim",
+                        "max_model_len": self.profile.batching.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang native /generate: cumulative `text`, `meta_info` per chunk, `data: [DONE]` at the end."""
+        body = await _json_body(request)
+        if "input_ids" in body and body["input_ids"] is not None:
+            prompt_tokens = len(body["input_ids"])
+        else:
+            text = body.get("text", "")
+            prompt_tokens = count_tokens(text if isinstance(text, str) else " ".join(map(str, text)))
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens", 128))
+        err = self._check_request(prompt_tokens, max_new)
+        if err is not None:
+            return err
+        stream = self._submit(prompt_tokens, max_new)
+        rid = f"{stream.req.rid:032x}"
+        words = _words(max_new)
+
+        def obj(pos: int, finished: bool) -> dict[str, Any]:
+            meta: dict[str, Any] = {
+                "id": rid,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": pos,
+                "cached_tokens": 0,
+                "finish_reason": {"type": "length", "length": pos} if finished else None,
+            }
+            if finished:
+                meta["e2e_latency"] = time.monotonic() - stream.sent_at
+            if self.speculative:
+                meta["spec_verify_ct"] = stream.verify_ct
+            return {"text": "".join(words[:pos]), "meta_info": meta}
+
+        try:
+            if not body.get("stream"):
+                async for _ in self._chunks(stream):
+                    pass
+                return web.json_response(obj(max_new, True))
+            resp = await self._start_sse(request)
+            async for pos, n, finished in self._chunks(stream):
+                if await self._maybe_faults(resp, stream):
+                    return resp
+                await self._write(resp, obj(pos + n, finished))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        finally:
+            if not stream.done:
+                self.engine.abort(stream.req)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """OpenAI completions / chat completions, with vLLM's continuous_usage_stats option."""
+        body = await _json_body(request)
+        prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+        max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        err = self._check_request(prompt_tokens, max_new)
+        if err is not None:
+            return err
+        stream = self._submit(prompt_tokens, max_new)
+        words = _words(max_new)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage"))
+        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+
+        def usage(n: int) -> dict[str, int]:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+
+        try:
+            if not body.get("stream"):
+                async for _ in self._chunks(stream):
+                    pass
+                text = "".join(words[:max_new])
+                choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+                if chat:
+                    choice["message"] = {"role": "assistant", "content": text}
+                else:
+                    choice["text"] = text
+                return web.json_response(
+                    {
+                        "id": rid,
+                        "object": kind,
+                        "created": created,
+                        "model": self.model_name,
+                        "choices": [choice],
+                        "usage": usage(max_new),
+                    }
+                )
+            resp = await self._start_sse(request)
+            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+            async for pos, n, finished in self._chunks(stream):
+                if await self._maybe_faults(resp, stream):
+                    return resp
+                delta = "".join(words[pos : pos + n])
+                ch: dict[str, Any] = {
+                    "index": 0,
+                    "logprobs": None,
+                    "finish_reason": "length" if finished else None,
+                }
+                if chat:
+                    ch["delta"] = {"role": "assistant", "content": delta} if pos == 0 else {"content": delta}
+                else:
+                    ch["text"] = delta
+                out: dict[str, Any] = {
+                    "id": rid,
+                    "object": chunk_kind,
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [ch],
+                }
+                if continuous:
+                    out["usage"] = usage(pos + n)
+                await self._write(resp, out)
+            if include_usage:
+                await self._write(
+                    resp,
+                    {
+                        "id": rid,
+                        "object": chunk_kind,
+                        "created": created,
+                        "model": self.model_name,
+                        "choices": [],
+                        "usage": usage(max_new),
+                    },
+                )
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        finally:
+            if not stream.done:
+                self.engine.abort(stream.req)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise web.HTTPBadRequest(text=f"invalid JSON body: {e}") from e
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="JSON body must be an object")
+    return body
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        if prompt and isinstance(prompt[0], int):
+            return len(prompt)
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):
+            return len(prompt)
+    return count_tokens(str(prompt))
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    n = 0
+    for msg in body.get("messages") or []:
+        content = msg.get("content", "") if isinstance(msg, dict) else ""
+        if isinstance(content, list):
+            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        n += count_tokens(str(content or ""))
+    return n
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on start)")
+    parser.add_argument("--profile", default="demo", help="packaged profile name or YAML path")
+    parser.add_argument("--speculative", action="store_true", help="run the EAGLE-3-like speculative arm")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument(
+        "--debug-timestamps",
+        action="store_true",
+        help="add sim_sent_at (time.monotonic() just before the write) to every streamed chunk",
+    )
+    parser.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer' (like SGLang)")
+    add_fault_arguments(parser)
+
+
+async def serve(server: SimServer, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    if site._server is not None and getattr(site._server, "sockets", None):  # the real port when port=0
+        bound = site._server.sockets[0].getsockname()[1]
+    print(
+        f"specsweep-sim listening on http://{host}:{bound} profile={server.profile.name} "
+        f"speculative={server.speculative} pid={os.getpid()}",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    server = SimServer(
+        profile,
+        speculative=args.speculative,
+        seed=args.seed,
+        max_running_requests=args.max_running_requests,
+        debug_timestamps=args.debug_timestamps,
+        faults=faults_from_args(args),
+        api_key=args.api_key,
+    )
+    asyncio.run(serve(server, args.host, args.port))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.sim.server", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

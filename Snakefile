@@ -1,8 +1,8 @@
 """specsweep: up to what load does speculative decoding pay off, on this stack?
 
     snakemake --cores 1 crossover          # every variant's crossover (default config: simulated engine)
-    snakemake --cores 1 --configfile config/examples/kimi-k25-8gpu.yaml crossover
-    snakemake --cores 1 --forcerun results/demo/sim/eagle3/c10/summary.json crossover   # redo one cell
+    snakemake --cores 1 crossover --configfile config/examples/kimi-k25-8gpu.yaml
+    snakemake --cores 1 crossover --forcerun results/demo/sim/eagle3/c10/summary.json   # redo one cell
 """
 
 import os
@@ -13,7 +13,11 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
-configfile: "config/config.yaml"
+# The embedded default, unless --configfile names another experiment (which then replaces it, not merges).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
 
 # Run from a checkout even where the package is not installed; scripts see the same package.
 _PKG_ROOT = str(Path(workflow.basedir) / "workflow")
@@ -48,6 +52,12 @@ rule crossover:
     """Every variant's crossover, plots and policy, logged to MLflow."""
     input:
         crossover_targets(),
+
+
+onstart:
+    from specsweep.servers import stop_on_sigterm
+
+    stop_on_sigterm(STATE_DIR)
 
 
 onsuccess:

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+
 from specsweep import config as ssconfig
 from specsweep.engines import get_engine
 from specsweep.engines import sglang as sglang_mod

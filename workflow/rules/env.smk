@@ -9,7 +9,7 @@ rule env:
         LOGS / "env" / "{variant}.log",
     params:
         args=fingerprint_args,
-        envs_root=Path(config["results_dir"]) / "_envs",
+        envs_root=Path(config["envs_dir"] or Path(config["results_dir"]) / "_envs"),
     shell:
         "{SPECSWEEP} fingerprint {params.args} --envs-root {params.envs_root} --out {output} > {log} 2>&1"
 

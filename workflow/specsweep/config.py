@@ -173,13 +173,20 @@ def variant_for_server(
     return variant
 
 
+def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The variant without other arms' extra arguments, so changing one arm never reruns another's cells."""
+    out = dict(variant)
+    out["arm_server_args"] = {k: v for k, v in variant.get("arm_server_args", {}).items() if k == arm}
+    return out
+
+
 def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) -> dict[str, Any]:
     """Everything one cell's measurement depends on (a Snakemake param: changing it reruns the cell)."""
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
         "variant_name": variant,
-        "variant": config["variants"][variant],
+        "variant": _variant_for_arm(config["variants"][variant], arm),
         "arm_name": arm,
         "arm": config["arms"][arm],
         "concurrency": int(concurrency),

@@ -217,6 +217,25 @@ def stop_all(state_dir: str | Path, reason: str = "workflow end") -> int:
     return n
 
 
+def stop_on_sigterm(state_dir: str | Path) -> None:
+    """Make SIGTERM mean "stop now" for servers too.
+
+    Snakemake answers SIGTERM by waiting for its running jobs; a cell mid-sweep can run for many minutes while
+    its server holds the GPUs. Stopping the servers first makes the running cell fail at once (nothing is
+    written for it), then Snakemake's own handler finishes the shutdown.
+    """
+    import threading
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        threading.Thread(target=stop_all, args=(state_dir, "SIGTERM"), daemon=False).start()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def _owner() -> tuple[int, float]:
     pid = int(os.environ.get(OWNER_ENV) or os.getpid())
     started = process_started(pid)

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 
 import aiohttp
+
 from specsweep.sim.loadcheck import closed_loop, sim_server
 from specsweep.sim.predict import requests_for_level, simulate_level
 from specsweep.sim.profile import load_profile

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from specsweep.analysis.analyze import AnalysisSettings, analyze_variant, slo_seconds
 from specsweep.analysis.bootstrap import bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell, request_arrays

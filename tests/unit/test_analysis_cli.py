@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from specsweep.analysis import cli, compare
 from specsweep.analysis.synthetic import write_synthetic_variant
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from specsweep.analysis.crossover import crossings_log_c, crossings_matrix, first_crossing
 
 pytestmark = pytest.mark.unit

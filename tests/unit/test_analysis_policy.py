@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from specsweep.analysis.policy import choose_threshold, engine_policy, policy_document, speculative_tokens
 
 pytestmark = pytest.mark.unit

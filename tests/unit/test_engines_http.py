@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
 

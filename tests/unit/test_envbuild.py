@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from specsweep import envbuild
 
 pytestmark = pytest.mark.unit

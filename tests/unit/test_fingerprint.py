@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from specsweep import fingerprint as fp
 
 pytestmark = pytest.mark.unit

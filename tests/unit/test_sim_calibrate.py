@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+
 from specsweep.sim import calibrate as cal
 from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
 from specsweep.sim.profile import load_profile

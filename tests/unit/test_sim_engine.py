@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from specsweep.sim.engine import Engine, step_time
 from specsweep.sim.profile import load_profile
 

@@ -11,6 +11,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from specsweep.sim.faults import FaultConfig
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+
 from specsweep.sim import predict as predict_mod
 from specsweep.sim.calibrate import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
 from specsweep.sim.predict import DEFAULT_LEVELS, predict_sweep, simulate_level

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from specsweep.sim.profile import (
     ProfileError,
     available_profiles,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from specsweep.sim.loadcheck import closed_loop, sim_server
 from specsweep.sim.predict import simulate_level
 from specsweep.sim.profile import load_profile

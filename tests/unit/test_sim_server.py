@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
 

@@ -33,6 +33,9 @@ config.clear()
 config.update(_validated)
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/cell.smk"

@@ -3,45 +3,19 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO, SNAKEMAKE, sim_server_processes
+from tests.conftest import sim_server_processes
+from tests.pipeline.conftest import EXP, mlflow_runs, server_events, snakemake, starts
 
 pytestmark = pytest.mark.pipeline
 
-EXP = "tiny"
 LEVELS = (1, 4)
 ARMS = ("baseline", "eagle3")
-
-
-def snakemake(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "config.yaml", "--cores", "1", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
-
-
-def server_events(workdir: Path) -> list[str]:
-    log = workdir / "results" / EXP / ".servers" / "servers.log"
-    return log.read_text().splitlines() if log.exists() else []
-
-
-def starts(events: list[str]) -> list[str]:
-    return [e for e in events if " start " in e]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("pipeline")
-    shutil.copy(REPO / "tests" / "pipeline" / "tiny.yaml", workdir / "config.yaml")
-    proc = snakemake(workdir, "crossover")
-    (workdir / "first_run.log").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return workdir
 
 
 def test_cells_written(run_dir: Path) -> None:
@@ -101,13 +75,6 @@ def test_each_server_started_once_and_stopped(run_dir: Path) -> None:
         time.sleep(0.5)
     assert not sim_server_processes(run_dir)
     assert not list((run_dir / "results" / EXP / ".servers").glob("*.json"))
-
-
-def mlflow_runs(run_dir: Path) -> pd.DataFrame:
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'results' / 'mlflow.db'}")
-    return mlflow.search_runs(experiment_names=[EXP])
 
 
 def test_mlflow_runs(run_dir: Path) -> None:

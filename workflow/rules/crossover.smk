@@ -36,7 +36,10 @@ rule compare:
     input:
         [RES / v / "crossover.json" for v in VARIANTS],
     output:
-        RES / "comparison" / "comparison.json",
+        report(
+            RES / "comparison" / "comparison.json", category="Comparison", caption="../report/compare.rst",
+            labels={"figure": "variants compared"},
+        ),
     log:
         LOGS / "comparison.log",
     params:

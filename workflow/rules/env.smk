@@ -4,7 +4,10 @@
 rule env:
     """Build the variant's environment from its envs/ recipe (reused while unchanged) and fingerprint it."""
     output:
-        RES / "envs" / "{variant}.json",
+        report(
+            RES / "envs" / "{variant}.json", category="Stacks", caption="../report/fingerprints.rst",
+            labels={"variant": "{variant}", "file": "fingerprint"},
+        ),
     log:
         LOGS / "env" / "{variant}.log",
     params:

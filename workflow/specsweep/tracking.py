@@ -75,8 +75,10 @@ class Tracker:
                 self.client.restore_experiment(exp.experiment_id)
             return exp.experiment_id
         artifacts = (Path(self.config["results_dir"]) / "mlartifacts" / name).resolve()
+        # The UI opens on the runs table (not the GenAI overview) for model-development experiments.
+        tags = {"mlflow.experimentKind": "custom_model_development", f"{TAG}.experiment": name}
         try:
-            return self.client.create_experiment(name, artifact_location=artifacts.as_uri())
+            return self.client.create_experiment(name, artifact_location=artifacts.as_uri(), tags=tags)
         except Exception:  # created concurrently by another tracking job
             exp = self.client.get_experiment_by_name(name)
             if exp is None:

@@ -1,0 +1,145 @@
+"""Client timestamps vs the simulated engine's own send times (`--debug-timestamps`, same monotonic clock).
+
+Why: TTFT and ITL are only as good as the moment the client notices a chunk. At C=100 the client must see each
+chunk within 1 ms (p99) of the server writing it, or the sweep measures the client instead of the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from specsweep.client.backends import RequestSpec
+from specsweep.client.loadgen import measure_level
+from specsweep.client.prompts import make_prompts_auto
+from specsweep.metrics import summarize
+
+pytestmark = pytest.mark.unit
+
+TOLERANCE_S = 0.001
+
+
+def _start_sim(*extra: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specsweep.sim.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--profile",
+            "demo",
+            "--debug-timestamps",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "specsweep-sim listening on http://127.0.0.1:PORT ..."
+    m = re.search(r"http://[\d.]+:(\d+)", line)
+    if not m:
+        proc.kill()
+        rest = proc.stdout.read() if proc.poll() is not None else ""
+        raise RuntimeError(f"simulated engine did not start: {line}{rest}")
+    return proc, f"http://127.0.0.1:{m.group(1)}"
+
+
+@pytest.fixture(params=[False, True], ids=["baseline", "speculative"])
+def sim(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    """A simulated engine on an ephemeral port; stopped in the finalizer whatever the test does."""
+    try:
+        proc, url = _start_sim(*(["--speculative"] if request.param else []))
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"simulated engine unavailable: {e}")
+    try:
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _busy_jiffies() -> int:
+    """CPU time used by the whole machine so far (all cores, /proc/stat), in clock ticks."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
+
+
+def _proc_jiffies(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _errors(df) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """(client TTFT - server-side TTFT per request, |client gap - server gap| per chunk gap), seconds."""
+    ttft_err, gap_err = [], []
+    for cs, ss in zip(df["chunk_s"], df["server_chunk_s"], strict=True):
+        cs, ss = np.asarray(cs), np.asarray(ss)
+        assert len(cs) == len(ss) > 0
+        ttft_err.append(cs[0] - ss[0])  # the same send time cancels
+        gap_err.extend(np.diff(cs) - np.diff(ss))
+    return np.asarray(ttft_err), np.abs(np.asarray(gap_err))
+
+
+@pytest.mark.timeout(90)
+def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], request: pytest.FixtureRequest) -> None:
+    """p99 of both errors under 1 ms at C=100.
+
+    Other processes on a small machine steal the CPU either side needs to stamp on time: an attempt during
+    which they used more than a quarter core is retried once, and the test skips (printing the figures) only
+    if every attempt was disturbed that way. On a quiet machine a miss fails.
+    """
+    url, sim_pid = sim
+    backend = "openai" if "speculative" in request.node.callspec.id else "sglang"  # each API once, both arms
+
+    async def go():  # type: ignore[no-untyped-def]
+        prompts = await make_prompts_auto(200, 32, seed=0, url=url)
+        assert prompts.exact and prompts.tokenizer == "server"
+        spec = RequestSpec(url=url, backend=backend, request_timeout_s=30)
+        return await measure_level(spec, 100, 200, prompts, 24, warmup=4)
+
+    tick = os.sysconf("SC_CLK_TCK")
+    seen = []
+    for _attempt in range(2):
+        b0, s0, o0, t0 = _busy_jiffies(), _proc_jiffies(sim_pid), _proc_jiffies(os.getpid()), time.monotonic()
+        lvl = asyncio.run(go())
+        wall = time.monotonic() - t0
+        own = (_proc_jiffies(sim_pid) - s0) + (_proc_jiffies(os.getpid()) - o0)
+        foreign = max(0.0, (_busy_jiffies() - b0 - own) / tick / wall)
+        df = lvl.records
+        assert df["ok"].all(), df.loc[~df["ok"], "error"].head().tolist()
+        assert (df["output_tokens"] == 24).all() and (df["server_output_tokens"] == 24).all()
+        ttft_err, gap_err = _errors(df)
+        assert (ttft_err > -1e-4).all()  # a chunk is never seen before it was sent (same clock)
+        s = summarize(df, 100, lag_samples=lvl.lag_samples)
+        assert s["metrics"]["achieved_concurrency"] >= 95
+        t99, g99 = np.percentile(ttft_err, 99), np.percentile(gap_err, 99)
+        msg = (
+            f"TTFT error p99 {t99 * 1e3:.3f} ms, gap error p99 {g99 * 1e3:.3f} ms, loop lag p99 "
+            f"{s['metrics']['loop_lag_ms']['p99']:.2f} ms, other processes {foreign:.2f} cores, "
+            f"{int(df['chunk_tokens'].map(len).sum())} chunks"
+        )
+        print(msg)
+        seen.append(msg)
+        if t99 < TOLERANCE_S and g99 < TOLERANCE_S:
+            return
+        if foreign <= 0.25:
+            pytest.fail(f"client timestamps off on a quiet machine: {msg}")
+    pytest.skip("machine busy with other processes in every attempt; accuracy not measurable: " + " | ".join(seen))

@@ -121,13 +121,15 @@ def load(path: str | Path) -> dict[str, Any]:
     return validate(load_yaml(path))
 
 
+def request_count(concurrency: int, per_concurrency: float, floor: int, maximum: int | None = None) -> int:
+    """Requests at one level: at least 2*C so every slot turns over, at least the floor, at most `maximum`."""
+    n = max(int(floor), int(round(per_concurrency * concurrency)), 2 * concurrency)
+    return min(n, int(maximum)) if maximum else n
+
+
 def requests_for(config: dict[str, Any], concurrency: int) -> int:
-    """Requests measured at one level: at least 2*C so every slot turns over, and at least the floor."""
     rule = config["workload"]["requests"]
-    n = max(int(rule["floor"]), int(round(rule["per_concurrency"] * concurrency)), 2 * concurrency)
-    if rule.get("max"):
-        n = min(n, int(rule["max"]))
-    return n
+    return request_count(int(concurrency), rule["per_concurrency"], rule["floor"], rule.get("max"))
 
 
 def speculative_arms(config: dict[str, Any]) -> list[str]:

@@ -103,10 +103,11 @@ class Tracker:
         params: dict[str, Any],
         metrics: dict[str, float],
         steps: list[tuple[int, dict[str, float]]] | None = None,
+        start_time_ms: int | None = None,
     ) -> str:
         from mlflow.entities import Metric, Param, RunTag
 
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags, start_time=start_time_ms)
         run_id = run.info.run_id
         now = int(time.time() * 1000)
         metric_objs = [Metric(k, v, now, 0) for k, v in metrics.items()]
@@ -124,8 +125,8 @@ class Tracker:
             self.client.log_batch(run_id, params=param_objs[j : j + 100])
         return run_id
 
-    def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(run_id, status=status)
+    def finish(self, run_id: str, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
+        self.client.set_terminated(run_id, status=status, end_time=end_time_ms)
 
 
 def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
@@ -180,9 +181,14 @@ def log_cell(tracker: Tracker, summary_path: Path) -> str:
         f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
         f"{TAG}.summary_sha256": digest,
     }
-    run_id = tracker.new_run(key, tags, cell_params(summary), cell_metrics(summary))
+    # The run spans the measurement itself, so the UI's durations and dates are the cell's.
+    t0 = summary.get("t0_unix")
+    span = summary.get("measured_s")
+    start_ms = int(t0 * 1000) if isinstance(t0, int | float) else None
+    end_ms = int((t0 + span) * 1000) if start_ms is not None and isinstance(span, int | float) else None
+    run_id = tracker.new_run(key, tags, cell_params(summary), cell_metrics(summary), start_time_ms=start_ms)
     tracker.client.log_artifact(run_id, str(summary_path))
-    tracker.finish(run_id)
+    tracker.finish(run_id, end_time_ms=end_ms)
     tracker.retire(existing, keep=run_id, why="cell re-measured")
     return run_id
 
@@ -200,9 +206,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     sweep_key = f"{experiment}/{variant}/{arm}"
     digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
-    sweep_id = next(
-        (r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None
-    )
+    sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
     if sweep_id is None:
         first = read_json(summary_paths[0]) if summary_paths else {}
         tags = {
@@ -229,9 +233,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     }
 
 
-def log_crossover(
-    tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]
-) -> dict[str, Any]:
+def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]) -> dict[str, Any]:
     """The crossover run of one variant: crossover concurrency and interval, plots and policy as artifacts."""
     experiment = tracker.config["experiment"]
     data = read_json(crossover_path)

@@ -12,33 +12,29 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from pyarrow.parquet import write_table as pq_write
+from tqdm import tqdm
 
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
 from specsweep.client.loadgen import LevelResult, arrow_table, measure_level
 from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
+from specsweep.config import request_count
+from specsweep.io import atomic_path
 from specsweep.metrics import jsonable, summarize
 
 SCHEMA_VERSION = 1
 
 
-def requests_for(concurrency: int, per_concurrency: int, floor: int, maximum: int | None = None) -> int:
-    """Requests per level: max(floor, per_concurrency * C), capped by `maximum` (config.yaml's rule)."""
-    n = max(floor, per_concurrency * concurrency)
-    return min(n, maximum) if maximum else n
-
-
 class Progress:
-    """One status line (requests done of total, current output tok/s) on a terminal; silent otherwise.
+    """A tqdm bar (requests done of total, current output tok/s) on a terminal; silent otherwise.
 
-    Why not tqdm/rich: the update must cost nothing on the request path (a counter bump per finished request);
-    a 0.5 s timer task draws the line. No extra dependency.
+    The request path only bumps counters; a 0.5 s timer task moves the bar, so drawing costs the
+    measurement nothing.
     """
 
     def __init__(self, total: int, label: str = "", enabled: bool | None = None, stream: Any = None) -> None:
@@ -50,6 +46,7 @@ class Progress:
         self.failed = 0
         self.tokens = 0
         self._task: asyncio.Task[None] | None = None
+        self._bar: tqdm | None = None
 
     def on_done(self, rec: RequestRecord) -> None:
         self.done += 1
@@ -58,21 +55,24 @@ class Progress:
             self.failed += 1
 
     async def _draw(self, interval: float = 0.5) -> None:
-        last_t, last_tok = time.monotonic(), self.tokens
+        last_t, last_tok, shown = time.monotonic(), self.tokens, 0
         while True:
             await asyncio.sleep(interval)
             now, tok = time.monotonic(), self.tokens
             rate = (tok - last_tok) / (now - last_t) if now > last_t else 0.0
             last_t, last_tok = now, tok
-            self._line(rate)
+            self._update(rate, shown)
+            shown = self.done
 
-    def _line(self, rate: float) -> None:
-        fail = f"  failed {self.failed}" if self.failed else ""
-        self.stream.write(f"\r{self.label} {self.done}/{self.total} requests  {rate:8.1f} tok/s{fail}   ")
-        self.stream.flush()
+    def _update(self, rate: float, shown: int) -> None:
+        assert self._bar is not None
+        self._bar.update(self.done - shown)
+        fail = f", failed {self.failed}" if self.failed else ""
+        self._bar.set_postfix_str(f"{rate:.1f} tok/s{fail}")
 
     def start(self) -> Progress:
         if self.enabled:
+            self._bar = tqdm(total=self.total, desc=self.label, unit="req", file=self.stream, leave=True)
             self._task = asyncio.get_running_loop().create_task(self._draw())
         return self
 
@@ -84,8 +84,10 @@ class Progress:
             except asyncio.CancelledError:
                 pass
             self._task = None
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.update(self.done - self._bar.n)
+            self._bar.close()
+            self._bar = None
 
 
 def level_summary(
@@ -138,31 +140,14 @@ def level_summary(
     return jsonable(out)
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write via a temp file in the same directory, then os.replace: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_cell(out_dir: str | Path, records_df: pd.DataFrame, summary: dict[str, Any]) -> tuple[Path, Path]:
     """Write `requests.parquet`, then `summary.json` (last: its presence means the cell is complete)."""
     out = Path(out_dir)
     pq, sj = out / "requests.parquet", out / "summary.json"
-    _atomic_write(pq, lambda tmp: pq_write(arrow_table(records_df), tmp))
-
-    def dump(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(jsonable(summary), f, indent=2, allow_nan=False)
-            f.write("\n")
-
-    _atomic_write(sj, dump)
+    with atomic_path(pq) as tmp:
+        pq_write(arrow_table(records_df), str(tmp))
+    with atomic_path(sj) as tmp:
+        tmp.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return pq, sj
 
 
@@ -226,7 +211,7 @@ async def _bench(args: argparse.Namespace) -> int:
         transport=args.transport,
     )
     counts = {
-        c: requests_for(c, args.requests_per_concurrency, args.requests_floor, args.requests_max)
+        c: request_count(c, args.requests_per_concurrency, args.requests_floor, args.requests_max)
         for c in args.concurrency
     }
     n_prompts = max(counts.values())

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from specsweep.config import request_count
 from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, SimRequest, admission_end
 from specsweep.sim.profile import Profile, load_profile
 
@@ -68,7 +69,7 @@ class LevelPrediction:
 
 
 def requests_for_level(concurrency: int, per_concurrency: int = 2, floor: int = 8) -> int:
-    return max(floor, per_concurrency * concurrency)
+    return request_count(concurrency, per_concurrency, floor)
 
 
 def simulate_level(

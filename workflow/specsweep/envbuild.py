@@ -24,9 +24,7 @@ The `sim` engine needs no environment: it runs on the project's own Python (see 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import json
 import os
@@ -36,9 +34,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
+
+from specsweep.io import file_lock
 
 BUILD_FORMAT = 1  # bump when the way environments are built changes (forces rebuilds)
 MARKER = "specsweep-env.json"
@@ -128,16 +127,6 @@ def is_complete(env: Path) -> bool:
     return (Path(env) / MARKER).is_file() and env_python(env).exists()
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
 
 def _run(cmd: list[str], log: TextIO, env: dict[str, str] | None = None) -> None:
     """Run a command, copying its output to `log`; raise EnvBuildError on failure."""
@@ -181,7 +170,7 @@ def ensure_env(recipe_path: Path, envs_root: Path, log: TextIO, base_python: str
         log.write(f"reusing environment {final}\n")
         return env_python(final)
 
-    with _lock(envs_root / f".{final.name}.lock"):
+    with file_lock(envs_root / f".{final.name}.lock"):
         if is_complete(final):  # another builder finished while we waited
             log.write(f"reusing environment {final} (built concurrently)\n")
             return env_python(final)

@@ -13,17 +13,16 @@ secret-looking ones (TOKEN, KEY, SECRET, PASSWORD, ...) never reach the file.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from specsweep.io import atomic_write_json
 from specsweep.redact import redact_text, safe_environ
 
 SCHEMA_VERSION = 1
@@ -219,18 +218,7 @@ def fingerprint(
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_json(path, data)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -46,6 +46,21 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (created if missing), held for the block, across processes."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ from typing import Any
 import psutil
 
 from specsweep.engines.base import ServerSpec
-from specsweep.io import atomic_write_json, tail_lines
+from specsweep.io import atomic_write_json, file_lock, tail_lines
 from specsweep.redact import redact_argv, redact_text, unredact_argv
 
 OWNER_ENV = "SPECSWEEP_OWNER_PID"
@@ -93,16 +92,6 @@ def log_event(state_dir: Path, event: str, **fields: Any) -> None:
     with open(state_dir / "servers.log", "a") as fh:
         fh.write(f"{stamp} {event} {text}\n")
 
-
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------- processes
@@ -210,7 +199,7 @@ def stop_all(state_dir: str | Path, reason: str = "workflow end") -> int:
     """Stop every server of an experiment. Returns how many were stopped."""
     state_dir = Path(state_dir)
     n = 0
-    with _flock(state_dir / "state.lock"):
+    with file_lock(state_dir / "state.lock"):
         for rec in records(state_dir):
             stop_record(state_dir, rec, reason)
             n += 1
@@ -334,8 +323,8 @@ def acquire(
     """
     state_dir = Path(state_dir)
     probe = make_spec(configured_port or 0)
-    with _flock(state_dir / f"{_slug(probe.resource)}.lock"):
-        with _flock(state_dir / "state.lock"):
+    with file_lock(state_dir / f"{_slug(probe.resource)}.lock"):
+        with file_lock(state_dir / "state.lock"):
             owner = _owner()
             rec = read_record(_record_path(state_dir, probe.resource))
             reusable = (

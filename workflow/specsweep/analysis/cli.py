@@ -9,7 +9,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 from specsweep.analysis.analyze import AnalysisSettings, analyze_variant, crossover_text
 from specsweep.analysis.cells import Cell, find_cells, load_cell
 from specsweep.analysis.policy import choose_threshold, policy_document
+from specsweep.io import atomic_write_text
 
 __all__ = [
     "add_arguments",
@@ -75,13 +75,6 @@ def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any
     a["server_args"] = [str(x) for x in argv]
     return a
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and os.replace: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _arm_roles(

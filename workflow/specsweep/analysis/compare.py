@@ -22,7 +22,8 @@ import numpy as np
 from specsweep.analysis.analyze import AnalysisSettings, _f, crossover_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell
-from specsweep.analysis.cli import atomic_write_text, load_config
+from specsweep.analysis.cli import load_config
+from specsweep.io import atomic_write_text
 
 __all__ = ["COMPARED", "add_arguments", "compare_variants", "format_compare", "main", "run"]
 

@@ -18,6 +18,7 @@ import pandas as pd
 
 from specsweep.analysis.bootstrap import METRICS, _estimate
 from specsweep.analysis.cells import request_arrays
+from specsweep.io import atomic_write_text
 
 __all__ = ["synthetic_requests", "write_synthetic_cell", "write_synthetic_variant"]
 
@@ -103,11 +104,6 @@ def _summary_metrics(df: pd.DataFrame, concurrency: float, layout: str = "metric
     }
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
 
 def write_synthetic_cell(
     variant_dir: str | Path,
@@ -146,7 +142,7 @@ def write_synthetic_cell(
         "repeats": [],
         "validity": {"valid": valid, "reasons": list(reasons or []), "flags": []},
     }
-    _atomic_write(d / "summary.json", json.dumps(summary, indent=1).encode())
+    atomic_write_text(d / "summary.json", json.dumps(summary, indent=1))
     return d
 
 

@@ -15,6 +15,8 @@ rule cell:
         ),
     log:
         LOGS / "cells" / "{variant}.{arm}.c{c}.log",
+    benchmark:
+        RES / "benchmarks" / "cell.{variant}.{arm}.c{c}.tsv"
     wildcard_constraints:
         c=r"\d+",
     priority: cell_priority

@@ -22,6 +22,8 @@ rule crossover_variant:
         ),
     log:
         LOGS / "crossover" / "{variant}.log",
+    benchmark:
+        RES / "benchmarks" / "crossover.{variant}.tsv"
     params:
         config=CONFIG_JSON,
         cells_root=lambda w: RES / w.variant,

@@ -10,6 +10,8 @@ rule env:
         ),
     log:
         LOGS / "env" / "{variant}.log",
+    benchmark:
+        RES / "benchmarks" / "env.{variant}.tsv"
     params:
         args=fingerprint_args,
         envs_root=Path(config["envs_dir"] or Path(config["results_dir"]) / "_envs"),
@@ -25,6 +27,8 @@ rule model:
         RES / "models" / "{variant}" / "config.json",
     log:
         LOGS / "model" / "{variant}.log",
+    benchmark:
+        RES / "benchmarks" / "model.{variant}.tsv"
     params:
         builder=lambda w: config["variants"][known("variant", w.variant, VARIANTS)]["model_builder"],
         out_dir=lambda w: RES / "models" / w.variant,

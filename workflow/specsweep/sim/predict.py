@@ -207,6 +207,11 @@ def format_sweep(profile: Profile, sweep: SweepPrediction) -> str:
         f"profile={profile.name} ({'ILLUSTRATIVE' if profile.illustrative else 'calibrated'}), "
         f"source=simulated (virtual time)"
     ]
+    for arm in (profile.reference or {}).get("uncalibrated_arms") or []:
+        lines.append(
+            f"CAUTION: the {arm} arm of this profile was not calibrated against measurements under load; its "
+            "curve (and any crossover) is an extrapolation. Measure a few of its cells and run `specsweep calibrate`."
+        )
     head = (
         f"{'C':>5} {'arm':>11} {'agg tok/s':>10} {'req tok/s':>10} {'TTFT s':>8} {'TPOT ms':>8} "
         f"{'E2E s':>8} {'accept':>6}"
@@ -238,17 +243,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=_int_list, default=DEFAULT_LEVELS, help="comma-separated levels"
     )
-    parser.add_argument("--input-tokens", type=int, default=128)
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--requests-per-concurrency", type=int, default=2)
-    parser.add_argument("--requests-floor", type=int, default=8)
+    # Unset workload options take the profile's reference workload (what it was calibrated on), else these.
+    parser.add_argument("--input-tokens", type=int, default=None, help="default: profile's reference, else 128")
+    parser.add_argument("--output-tokens", type=int, default=None, help="default: profile's reference, else 64")
+    parser.add_argument("--requests-per-concurrency", type=int, default=None, help="default: reference, else 2")
+    parser.add_argument("--requests-floor", type=int, default=None, help="default: reference, else 8")
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+WORKLOAD_DEFAULTS = {"input_tokens": 128, "output_tokens": 64, "requests_per_concurrency": 2, "requests_floor": 8}
+
+
+def resolve_workload(args: argparse.Namespace, profile: Profile) -> None:
+    """Fill unset workload options from the profile's reference workload, then from the demo defaults."""
+    ref = (profile.reference or {}).get("workload") or {}
+    for key, default in WORKLOAD_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, int(ref.get(key, default)))
+
+
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    resolve_workload(args, profile)
+    print(f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
+          f"max({args.requests_floor}, {args.requests_per_concurrency} x C)")
     t = time.perf_counter()
     sweep = predict_sweep(
         profile,

@@ -267,8 +267,7 @@ def resolve_workload(args: argparse.Namespace, profile: Profile) -> None:
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     resolve_workload(args, profile)
-    print(f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
-          f"max({args.requests_floor}, {args.requests_per_concurrency} x C)")
+    workload = {k: getattr(args, k) for k in WORKLOAD_DEFAULTS}
     t = time.perf_counter()
     sweep = predict_sweep(
         profile,
@@ -287,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "profile": profile.name,
                     "illustrative": profile.illustrative,
+                    "workload": workload,
                     "baseline": [p.as_dict() for p in sweep.baseline],
                     "speculative": [p.as_dict() for p in sweep.speculative],
                     "speedup": sweep.speedup(),
@@ -297,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
+        print(f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
+              f"max({args.requests_floor}, {args.requests_per_concurrency} x C)")
         print(format_sweep(profile, sweep))
         print(f"(predicted in {elapsed:.3f} s)")
     return 0

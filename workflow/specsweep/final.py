@@ -23,6 +23,9 @@ def final_text(config: dict[str, Any]) -> str:
             ]
         else:
             lines.append(f"{config['experiment']}/{variant}: no crossover.json yet")
+    comparison = res / "comparison" / "comparison_table.csv"
+    if comparison.is_file():
+        lines.append(f"variants compared arm by arm: {comparison} (plots beside it)")
     lines.append(f"results: {res.resolve()}")
     if config["mlflow"]["enabled"]:
         lines.append(f"MLflow UI: {ui_command(config)}   (then open http://127.0.0.1:5000)")

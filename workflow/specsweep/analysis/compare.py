@@ -213,7 +213,7 @@ def _plot(
     out_dir: Path,
     crossovers: dict[str, dict[str, Any]],
 ) -> list[Path]:
-    from specsweep.analysis.plots import _INVALID, plt, save_figure, source_label
+    from specsweep.analysis.plots import _INVALID, log_c_axis, plt, save_figure, source_label
 
     written: list[Path] = []
     arms = list(result["arms"])
@@ -230,7 +230,7 @@ def _plot(
                 ax.plot(x, y, marker="o", label=v)
                 if np.any(~ok):
                     ax.plot(x[~ok], y[~ok], **_INVALID, label="invalid cell")
-            ax.set_xscale("log")
+            log_c_axis(ax, [c for v in result["variants"] for c in variants[v].get(arm, {})])
             ax.grid(True, which="both", alpha=0.3)
             ax.set_xlabel("concurrency C (requests in flight)")
             ax.set_ylabel("aggregate throughput (output tok/s)")
@@ -252,7 +252,7 @@ def _plot(
                 (line,) = ax.plot(lv, y, marker="o", label=f"{v}: {a}/{ar['baseline_arm']}")
                 ax.fill_between(lv, lo, hi, color=line.get_color(), alpha=0.15)
         ax.axhline(1.0, color="black", linewidth=1, label="break-even (1.0)")
-        ax.set_xscale("log")
+        log_c_axis(ax, [c for x in crossovers.values() for ar in x.get("arms", {}).values() for c in ar["levels"]])
         ax.grid(True, which="both", alpha=0.3)
         ax.set_xlabel("concurrency C (requests in flight)")
         ax.set_ylabel("speedup (> 1: speculation better)")

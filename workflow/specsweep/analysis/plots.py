@@ -72,6 +72,18 @@ def _series(cells: dict[float, Cell], path: str) -> tuple[np.ndarray, np.ndarray
     )
 
 
+def log_c_axis(ax: Any, levels: Any) -> None:
+    """Log concurrency axis with a tick at every measured level, labelled as plain numbers (1, 2, 5, 10...)."""
+    from matplotlib import ticker
+
+    ax.set_xscale("log")
+    ticks = sorted({float(c) for c in levels if c and np.isfinite(c)})
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _arm_lines(ax: Any, cells: dict[str, dict[float, Cell]], arms: list[str], path: str) -> bool:
     """One line per arm over all its levels; invalid points overdrawn hollow red. Returns: any invalid."""
     any_invalid = False
@@ -83,7 +95,7 @@ def _arm_lines(ax: Any, cells: dict[str, dict[float, Cell]], arms: list[str], pa
         if np.any(~ok):
             any_invalid = True
             ax.plot(x[~ok], y[~ok], **_INVALID)
-    ax.set_xscale("log")
+    log_c_axis(ax, [c for arm in arms for c in cells.get(arm, {})])
     ax.grid(True, which="both", alpha=0.3)
     return any_invalid
 
@@ -143,7 +155,7 @@ def plot_variant(
             inv = True
             ax.axvline(e["concurrency"], color="red", linestyle=":", linewidth=1)
     ax.axhline(1.0, color="black", linewidth=1, label="break-even (1.0)")
-    ax.set_xscale("log")
+    log_c_axis(ax, [c for ar in result["arms"].values() for c in ar["levels"]])
     ax.grid(True, which="both", alpha=0.3)
     ax.set_xlabel("concurrency C (requests in flight)")
     ax.set_ylabel("speedup (> 1: speculation better)")

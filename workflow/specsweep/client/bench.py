@@ -20,6 +20,7 @@ import pandas as pd
 from pyarrow.parquet import write_table as pq_write
 from tqdm import tqdm
 
+from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
 from specsweep.client.loadgen import LevelResult, arrow_table, measure_level
 from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
@@ -77,13 +78,8 @@ class Progress:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._bar is not None:
             self._bar.update(self.done - self._bar.n)
             self._bar.close()

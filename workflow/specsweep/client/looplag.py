@@ -12,6 +12,8 @@ from time import monotonic
 
 import numpy as np
 
+from specsweep.aio import cancel_and_wait
+
 
 class LoopLagMonitor:
     """Samples `actual wake - scheduled wake` every `interval_s` while running (seconds, >= 0)."""
@@ -36,13 +38,8 @@ class LoopLagMonitor:
 
     async def stop(self) -> list[float]:
         """Stop sampling and return the samples of this run."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         return self.samples
 
     async def __aenter__(self) -> LoopLagMonitor:

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from specsweep.aio import cancel_and_wait
 from specsweep.sim.engine import ADMISSION_MAX_S, ADMISSION_WINDOW_S, Engine, SimRequest, StepResult
 from specsweep.sim.faults import FaultConfig, FaultState, add_fault_arguments, faults_from_args
 from specsweep.sim.profile import Profile, load_profile
@@ -118,12 +119,7 @@ class SimServer:
         self._task = asyncio.get_running_loop().create_task(self._run_engine())
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _run_engine(self) -> None:
         """The engine loop; a bug in it ends the process: a server that never emits would hang clients."""

@@ -154,3 +154,18 @@ def test_defaults_and_env_vars() -> None:
     vs = vllm_mod.VLLMEngine().server_spec({"model": "/m"}, "baseline", {}, "127.0.0.1", 5, "py")
     assert vs.readiness_paths == ("/health",) and vs.client_backend == "openai"
     assert vs.startup_timeout_s == 900.0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_arm_server_args_and_arm_env_reach_real_engines(engine: str) -> None:
+    """Per-variant extra flags for one arm, and an arm's env vars, land in that arm's server only."""
+    variant = {"engine": engine, "model": "/m", "tp": 2, "gpus": "0,1", "server_args": ["--v"],
+               "arm_server_args": {"spec": ["--x"]}, "env_vars": {"A": "1"}}
+    flag = "--speculative-algorithm" if engine == "sglang" else "--speculative-config"
+    spec_arm = {"speculative": True, "server_args": [flag, "EAGLE3"], "env_vars": {"B": "2"}}
+    e = get_engine(engine)
+    spec = e.server_spec(variant, "spec", spec_arm, "127.0.0.1", 1, "py")
+    base = e.server_spec(variant, "base", {"speculative": False}, "127.0.0.1", 1, "py")
+    assert spec.argv[-4:] == ["--v", flag, "EAGLE3", "--x"]
+    assert "--x" not in base.argv
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "A": "1", "B": "2"} and "B" not in base.env

@@ -19,9 +19,7 @@ class ServerSpec:
     host: str
     port: int
     resource: str  # what the server holds exclusively (a GPU set); at most one server per resource
-    env: dict[str, str] = field(
-        default_factory=dict
-    )  # extra environment variables (secrets come from os.environ)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables (secrets come from os.environ)
     readiness_paths: tuple[str, ...] = ("/health",)
     startup_timeout_s: float = 900.0
     client_backend: str = "sglang"  # which client API the cells use: "sglang" (native /generate) or "openai"

@@ -117,6 +117,53 @@ SPEC_FIELDS = (
 )
 
 
+def require_model(engine: str, variant: dict[str, Any]) -> str:
+    model = variant.get("model")
+    if not model:
+        raise ValueError(f"{engine} variant needs `model` (a model path or Hugging Face id)")
+    return str(model)
+
+
+def real_server_spec(
+    engine: str,
+    launcher: list[str],
+    speculative_prefix: str,
+    variant: dict[str, Any],
+    arm_name: str,
+    arm: dict[str, Any],
+    host: str,
+    port: int,
+    readiness_paths: tuple[str, ...],
+    default_backend: str,
+) -> ServerSpec:
+    """A real engine's server: launcher, host/port, the variant's then the arm's flags, the API key last.
+
+    Argument order: variant `server_args`, arm `server_args`, the variant's `arm_server_args[arm]`. The arm's
+    `speculative` flag must agree with the speculative flags it ends up with.
+    """
+    host = host or variant.get("host") or DEFAULT_HOST
+    vargs = as_args(variant.get("server_args"), "variant")
+    aargs = as_args(arm.get("server_args"), f"arm {arm_name}")
+    extra = as_args((variant.get("arm_server_args") or {}).get(arm_name), f"arm_server_args.{arm_name}")
+    check_speculation(engine, arm_name, arm, vargs + aargs + extra, speculative_prefix)
+    key_args, secret = api_key_args(variant)
+    argv = [*launcher, "--host", str(host), "--port", str(int(port)), *vargs, *aargs, *extra, *key_args]
+    env = {**server_env(variant), **{str(k): str(v) for k, v in (arm.get("env_vars") or {}).items()}}
+    return ServerSpec(
+        engine=engine,
+        argv=argv,
+        host=str(host),
+        port=int(port),
+        resource=resource_of(variant),
+        env=env,
+        readiness_paths=readiness_paths,
+        startup_timeout_s=float(variant.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
+        client_backend=str(variant.get("client_backend") or default_backend),
+        source="real",
+        secret_env=secret,
+    )
+
+
 class SGLangEngine:
     name = "sglang"
     readiness_paths = ("/health_generate", "/health")
@@ -127,42 +174,17 @@ class SGLangEngine:
     def server_spec(
         self, variant: dict[str, Any], arm_name: str, arm: dict[str, Any], host: str, port: int, python: str
     ) -> ServerSpec:
-        model = variant.get("model")
-        if not model:
-            raise ValueError("sglang variant needs `model` (a model path or Hugging Face id)")
-        host = host or variant.get("host") or DEFAULT_HOST
-        vargs = as_args(variant.get("server_args"), "variant")
-        aargs = as_args(arm.get("server_args"), f"arm {arm_name}")
-        check_speculation(self.name, arm_name, arm, vargs + aargs, "--speculative-")
-        key_args, secret = api_key_args(variant)
-        argv = [
+        launcher = [
             str(python),
             "-m",
             "sglang.launch_server",
             "--model-path",
-            str(model),
+            str(require_model(self.name, variant)),
             "--tp-size",
             str(int(variant.get("tp", 1))),
-            "--host",
-            str(host),
-            "--port",
-            str(int(port)),
-            *vargs,
-            *aargs,
-            *key_args,
         ]
-        return ServerSpec(
-            engine=self.name,
-            argv=argv,
-            host=str(host),
-            port=int(port),
-            resource=resource_of(variant),
-            env=server_env(variant),
-            readiness_paths=self.readiness_paths,
-            startup_timeout_s=float(variant.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
-            client_backend=str(variant.get("client_backend") or "sglang"),
-            source="real",
-            secret_env=secret,
+        return real_server_spec(
+            self.name, launcher, "--speculative-", variant, arm_name, arm, host, port, self.readiness_paths, "sglang"
         )
 
     async def server_info(self, session: Any, base_url: str) -> dict[str, Any]:

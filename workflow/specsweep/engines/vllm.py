@@ -20,15 +20,10 @@ from typing import Any
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.prometheus import samples
 from specsweep.engines.sglang import (
-    DEFAULT_HOST,
-    DEFAULT_STARTUP_TIMEOUT_S,
-    api_key_args,
-    as_args,
     auth_headers,
-    check_speculation,
     get_json,
-    resource_of,
-    server_env,
+    real_server_spec,
+    require_model,
 )
 
 COUNTERS = {
@@ -40,6 +35,7 @@ GAUGES = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
 }
+
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Sum of each sample's values over all label sets ({sample name: total}); NaN samples skipped."""
@@ -93,58 +89,29 @@ class VLLMEngine:
     def server_spec(
         self, variant: dict[str, Any], arm_name: str, arm: dict[str, Any], host: str, port: int, python: str
     ) -> ServerSpec:
-        model = variant.get("model")
-        if not model:
-            raise ValueError("vllm variant needs `model` (a model path or Hugging Face id)")
-        host = host or variant.get("host") or DEFAULT_HOST
-        vargs = as_args(variant.get("server_args"), "variant")
-        aargs = as_args(arm.get("server_args"), f"arm {arm_name}")
-        check_speculation(self.name, arm_name, arm, vargs + aargs, "--speculative")
-        key_args, secret = api_key_args(variant)
-        argv = [
+        launcher = [
             str(python),
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(model),
-            "--host",
-            str(host),
-            "--port",
-            str(int(port)),
+            str(require_model(self.name, variant)),
             "--tensor-parallel-size",
             str(int(variant.get("tp", 1))),
-            *vargs,
-            *aargs,
-            *key_args,
         ]
-        spec = ServerSpec(
-            engine=self.name,
-            argv=argv,
-            host=str(host),
-            port=int(port),
-            resource=resource_of(variant),
-            env=server_env(variant),
-            readiness_paths=self.readiness_paths,
-            startup_timeout_s=float(variant.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
-            client_backend=str(variant.get("client_backend") or "openai"),
-            source="real",
-            secret_env=secret,
+        spec = real_server_spec(
+            self.name, launcher, "--speculative", variant, arm_name, arm, host, port, self.readiness_paths, "openai"
         )
-        self._spec_config[spec.base_url] = speculative_config_from_argv(argv)
+        self._spec_config[spec.base_url] = speculative_config_from_argv(spec.argv)
         return spec
 
-    async def server_info(
-        self, session: Any, base_url: str, spec: ServerSpec | None = None
-    ) -> dict[str, Any]:
+    async def server_info(self, session: Any, base_url: str, spec: ServerSpec | None = None) -> dict[str, Any]:
         base = base_url.rstrip("/")
         headers = auth_headers(self.api_key_env)
         status, version = await get_json(session, base + "/version", headers)
         if status == 0:
             return {}
         _, models = await get_json(session, base + "/v1/models", headers)
-        model0 = (
-            (models or {}).get("data", [{}])[0] if isinstance(models, dict) and models.get("data") else {}
-        )
+        model0 = (models or {}).get("data", [{}])[0] if isinstance(models, dict) and models.get("data") else {}
         if spec is not None:
             spec_cfg = speculative_config_from_argv(spec.argv)
         else:
@@ -164,9 +131,7 @@ class VLLMEngine:
     async def spec_counters(self, session: Any, base_url: str) -> dict[str, float] | None:
         """Cumulative counters from `/metrics` ({} on failure: the caller marks accept length unknown)."""
         try:
-            async with session.get(
-                base_url.rstrip("/") + "/metrics", headers=auth_headers(self.api_key_env)
-            ) as r:
+            async with session.get(base_url.rstrip("/") + "/metrics", headers=auth_headers(self.api_key_env)) as r:
                 if r.status != 200:
                     return {}
                 text = await r.text()

@@ -25,7 +25,10 @@ def test_cells_written(run_dir: Path) -> None:
             df = pd.read_parquet(cell / "requests.parquet")
             summary = json.loads((cell / "summary.json").read_text())
             n = max(4, 2 * c)
-            assert len(df) == n, (arm, c)
+            assert len(df) == 2 * n, (arm, c)  # two repeats, each its own record
+            assert sorted(df["repeat"].unique()) == [0, 1]
+            assert [r["repeat"] for r in summary["repeats"]] == [0, 1]
+            assert summary["metrics"]["n_repeats"] == 2
             assert df["ok"].all()
             assert (df["output_tokens"] == 12).all()
             assert (df["server_output_tokens"] == 12).all()

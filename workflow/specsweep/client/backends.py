@@ -229,6 +229,17 @@ def _bad_line(payload: bytes, e: Exception) -> _StreamError:
     return _StreamError("malformed", f"bad stream line {payload[:120]!r}: {type(e).__name__}: {e}")
 
 
+def record_chunk(rec: RequestRecord, now: float, n_tokens: int, obj: dict[str, Any]) -> None:
+    """One chunk carrying tokens: its arrival, its token count, and the sim's own send time when present."""
+    if not rec.chunk_s:
+        rec.first_token_s = now
+    rec.chunk_s.append(now)
+    rec.chunk_tokens.append(n_tokens)
+    sent = obj.get("sim_sent_at")
+    if sent is not None:
+        rec.server_chunk_s.append(sent)
+
+
 class SGLangParser:
     """SGLang /generate: `data: {...}` lines, cumulative meta_info.completion_tokens, then `data: [DONE]`.
 
@@ -261,14 +272,7 @@ class SGLangParser:
             raise _bad_line(payload, e) from None
         self.meta = meta
         if n > 0:
-            rec = self.rec
-            if not rec.chunk_s:
-                rec.first_token_s = now
-            rec.chunk_s.append(now)
-            rec.chunk_tokens.append(n)
-            sent = obj.get("sim_sent_at")
-            if sent is not None:
-                rec.server_chunk_s.append(sent)
+            record_chunk(self.rec, now, n, obj)
             self.prev = ct
         if meta.get("finish_reason") is not None:
             self.finished = True
@@ -344,14 +348,7 @@ class OpenAIParser:
             n = 1 if text else 0
             self.prev += n
         if n > 0:
-            rec = self.rec
-            if not rec.chunk_s:
-                rec.first_token_s = now
-            rec.chunk_s.append(now)
-            rec.chunk_tokens.append(n)
-            sent = obj.get("sim_sent_at")
-            if sent is not None:
-                rec.server_chunk_s.append(sent)
+            record_chunk(self.rec, now, n, obj)
         if fin is not None:
             self.finished = True
 

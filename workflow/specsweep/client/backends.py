@@ -240,21 +240,19 @@ def record_chunk(rec: RequestRecord, now: float, n_tokens: int, obj: dict[str, A
         rec.server_chunk_s.append(sent)
 
 
-class SGLangParser:
-    """SGLang /generate: `data: {...}` lines, cumulative meta_info.completion_tokens, then `data: [DONE]`.
+class _SSEParser:
+    """SSE framing shared by both APIs: `data:` lines, `data: [DONE]`, and the checks at the stream's end.
 
-    Tokens in a chunk = the increase of completion_tokens; chunks that add none (e.g. a final meta line) are
-    not token chunks. `sim_sent_at` (simulated engine, --debug-timestamps) goes to server_chunk_s.
+    Subclasses parse one data payload in `_data` and fill the record's totals in `_totals`.
     """
 
-    __slots__ = ("rec", "prev", "finished", "done", "meta")
+    __slots__ = ("rec", "prev", "finished", "done")
 
     def __init__(self, rec: RequestRecord) -> None:
         self.rec = rec
-        self.prev = 0
-        self.finished = False
-        self.done = False
-        self.meta: dict[str, Any] = {}
+        self.prev = 0  # tokens counted so far
+        self.finished = False  # a finish_reason was seen
+        self.done = False  # data: [DONE] was seen
 
     def feed(self, now: float, line: bytes) -> None:
         if not line.startswith(b"data:"):
@@ -263,6 +261,39 @@ class SGLangParser:
         if payload == b"[DONE]":
             self.done = True
             return
+        self._data(now, payload)
+
+    def finish(self, tail: bytes) -> None:
+        if tail.strip():  # a last line without "\n" still counts if complete
+            try:
+                self.feed(monotonic(), tail)
+            except _StreamError:
+                raise _StreamError("truncated", f"stream ended inside a line: {tail[:120]!r}") from None
+        if not (self.done or self.finished):
+            raise _StreamError("truncated", f"stream ended after {self.prev} tokens without finish_reason or [DONE]")
+        self._totals()
+
+    def _data(self, now: float, payload: bytes) -> None:
+        raise TypeError(f"{type(self).__name__} must parse data lines")
+
+    def _totals(self) -> None:
+        raise TypeError(f"{type(self).__name__} must fill the totals")
+
+
+class SGLangParser(_SSEParser):
+    """SGLang /generate: `data: {...}` lines, cumulative meta_info.completion_tokens, then `data: [DONE]`.
+
+    Tokens in a chunk = the increase of completion_tokens; chunks that add none (e.g. a final meta line) are
+    not token chunks. `sim_sent_at` (simulated engine, --debug-timestamps) goes to server_chunk_s.
+    """
+
+    __slots__ = ("meta",)
+
+    def __init__(self, rec: RequestRecord) -> None:
+        super().__init__(rec)
+        self.meta: dict[str, Any] = {}
+
+    def _data(self, now: float, payload: bytes) -> None:
         try:
             obj = _loads(payload)
             meta = obj["meta_info"]
@@ -277,16 +308,7 @@ class SGLangParser:
         if meta.get("finish_reason") is not None:
             self.finished = True
 
-    def finish(self, tail: bytes) -> None:
-        if tail.strip():
-            try:
-                self.feed(monotonic(), tail)
-            except _StreamError:
-                raise _StreamError(
-                    "truncated", f"stream ended inside a line: {tail[:120]!r}"
-                ) from None  # a last line without "\n" still counts if complete
-        if not (self.done or self.finished):
-            raise _StreamError("truncated", f"stream ended after {self.prev} tokens without finish_reason or [DONE]")
+    def _totals(self) -> None:
         rec, meta = self.rec, self.meta
         rec.output_tokens = self.prev
         rec.server_output_tokens = int(meta.get("completion_tokens", self.prev))
@@ -297,7 +319,7 @@ class SGLangParser:
             rec.spec_verify_ct = int(svc)
 
 
-class OpenAIParser:
+class OpenAIParser(_SSEParser):
     """OpenAI streaming: tokens per chunk from cumulative usage.completion_tokens (continuous usage stats).
 
     Fallback when the server sends no per-chunk usage: each chunk with non-empty text counts one token; if the
@@ -305,24 +327,15 @@ class OpenAIParser:
     (earliest first) so that output_tokens and throughput match the server; per-chunk counts are estimates.
     """
 
-    __slots__ = ("rec", "chat", "prev", "usage_seen", "finished", "done", "final_usage")
+    __slots__ = ("chat", "usage_seen", "final_usage")
 
     def __init__(self, rec: RequestRecord, chat: bool) -> None:
-        self.rec = rec
+        super().__init__(rec)
         self.chat = chat
-        self.prev = 0
         self.usage_seen = False
-        self.finished = False
-        self.done = False
         self.final_usage: dict[str, Any] | None = None
 
-    def feed(self, now: float, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return
+    def _data(self, now: float, payload: bytes) -> None:
         try:
             obj = _loads(payload)
             choices = obj["choices"]
@@ -352,14 +365,7 @@ class OpenAIParser:
         if fin is not None:
             self.finished = True
 
-    def finish(self, tail: bytes) -> None:
-        if tail.strip():
-            try:
-                self.feed(monotonic(), tail)
-            except _StreamError:
-                raise _StreamError("truncated", f"stream ended inside a line: {tail[:120]!r}") from None
-        if not (self.done or self.finished):
-            raise _StreamError("truncated", f"stream ended after {self.prev} tokens without finish_reason or [DONE]")
+    def _totals(self) -> None:
         rec = self.rec
         usage = self.final_usage
         if usage is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -69,7 +70,7 @@ async def _serve(port: int, interval_s: float, tokens_per_chunk: int) -> None:
                     await asyncio.sleep(delay if delay > 0 else 0)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            return  # the client went away: nothing more to serve
         finally:
             writer.close()
 
@@ -97,10 +98,8 @@ def _cpu_s(pid: int) -> float:
 
 
 def _pin(core: int) -> None:
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # pinning is best effort
         os.sched_setaffinity(0, {core % (os.cpu_count() or 1)})
-    except (AttributeError, OSError):
-        pass
 
 
 async def _step(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -32,8 +33,6 @@ def no_leftover_servers():
     yield
     left = sim_server_processes()
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):  # already gone
             p.kill()
-        except psutil.Error:
-            pass
     assert not left, f"server processes left behind: {[p.pid for p in left]}"

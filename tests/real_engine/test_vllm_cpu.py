@@ -14,6 +14,7 @@ lengths, validity) is written to $SPECSWEEP_TEST_ARTIFACTS (default <repo>/test-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -88,10 +89,8 @@ def stop_everything(workdir: Path) -> None:
         )
     left = vllm_processes(workdir)
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):  # already gone
             p.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(left, timeout=10)
 
 

@@ -65,7 +65,7 @@ async def raw_server(respond: Responder, drip: bool = False, drop_second: bool =
                 if close:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            return  # the client went away: nothing more to serve
         finally:
             writer.close()
 

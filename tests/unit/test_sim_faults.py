@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -83,9 +84,7 @@ def test_malformed_line_once():
             except json.JSONDecodeError:
                 bad.append(line)
     assert len(bad) == 1 and bad[0].startswith("data: ")
-    assert first[-1] == "data: [DONE]" and all(
-        line == "data: [DONE]" or "{this" not in line for line in second
-    )
+    assert first[-1] == "data: [DONE]" and all(line == "data: [DONE]" or "{this" not in line for line in second)
 
 
 def test_truncate_ends_stream_without_done():
@@ -118,12 +117,10 @@ def test_crash_after_tokens_kills_the_process():
         body = {"text": "a", "sampling_params": {"max_new_tokens": 100}, "stream": True}
         got: list[bytes] = []
         async with aiohttp.ClientSession() as s:
-            try:
+            with contextlib.suppress(aiohttp.ClientError):  # the crash cuts the stream
                 async with s.post(url + "/generate", json=body) as r:
                     async for line in r.content:
                         got.append(line)
-            except aiohttp.ClientError:
-                pass
         return got
 
     proc = subprocess.Popen(

@@ -13,6 +13,7 @@ secret-looking ones (TOKEN, KEY, SECRET, PASSWORD, ...) never reach the file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -157,12 +158,10 @@ def nvidia_smi(timeout: float = 30.0) -> dict[str, Any] | None:
         )
         for r in rows
     ]
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # the topology is a nice-to-have
         top = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout)
         if top.returncode == 0:
             out["topology"] = top.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
     return out
 
 

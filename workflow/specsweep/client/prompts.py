@@ -163,6 +163,15 @@ async def make_prompts(
     return PromptSet(texts, counts, [None] * n_prompts, "synthetic", tokenizer_name, exact, seed)
 
 
+async def _works(tok: Tokenizer) -> bool:
+    """Whether the server's tokenize endpoint answers (engines without one fall back)."""
+    try:
+        await tok("hello world")
+    except (aiohttp.ClientError, RuntimeError, KeyError, ValueError, TimeoutError):
+        return False
+    return True
+
+
 async def make_prompts_auto(
     n_prompts: int,
     input_tokens: int,
@@ -176,18 +185,14 @@ async def make_prompts_auto(
     if url:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
             tok = server_tokenizer(s, url, model, headers)
-            try:
-                await tok("hello world")
-            except (aiohttp.ClientError, RuntimeError, KeyError, ValueError, TimeoutError):
-                pass
-            else:
+            if await _works(tok):
                 return await make_prompts(n_prompts, input_tokens, seed, tok, "server")
     if tokenizer_path:
         try:
             tok = file_tokenizer(tokenizer_path)
         except Exception:  # any failure (package missing, file unreadable) means: fall back
-            pass
-        else:
+            tok = None
+        if tok is not None:
             return await make_prompts(n_prompts, input_tokens, seed, tok, "tokenizers")
     return await make_prompts(n_prompts, input_tokens, seed)
 

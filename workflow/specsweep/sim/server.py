@@ -289,9 +289,7 @@ class SimServer:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.has_work:
-            return web.Response(
-                status=400, text="Cache not flushed. Please check if there are running requests."
-            )
+            return web.Response(status=400, text="Cache not flushed. Please check if there are running requests.")
         return web.Response(text="Cache flushed.\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -386,8 +384,7 @@ class SimServer:
 
         try:
             if not body.get("stream"):
-                async for _ in self._chunks(stream):
-                    pass
+                await _drain(self._chunks(stream))
                 return web.json_response(obj(max_new, True))
             resp = await self._start_sse(request)
             async for pos, n, finished in self._chunks(stream):
@@ -428,8 +425,7 @@ class SimServer:
 
         try:
             if not body.get("stream"):
-                async for _ in self._chunks(stream):
-                    pass
+                await _drain(self._chunks(stream))
                 text = "".join(words[:max_new])
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
                 if chat:
@@ -488,6 +484,12 @@ class SimServer:
         finally:
             if not stream.done:
                 self.engine.abort(stream.req)
+
+
+async def _drain(chunks: Any) -> None:
+    """Run a stream to its end without sending anything (a non-streamed request answers once, at the end)."""
+    async for _ in chunks:
+        continue
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -113,8 +113,8 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
     """p99 of both errors under 1 ms at C=100.
 
     Other processes on a small machine steal the CPU either side needs to stamp on time: an attempt during
-    which they used more than a quarter core is retried once, and the test skips (printing the figures) only
-    if every attempt was disturbed that way. On a quiet machine a miss fails.
+    which they used more than a quarter core is retried, and the test skips (printing the figures) only if every
+    attempt was disturbed that way. Two misses on a quiet machine fail.
     """
     url, sim_pid = sim
     backend = "openai" if "speculative" in request.node.callspec.id else "sglang"  # each API once, both arms
@@ -127,7 +127,8 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
 
     tick = os.sysconf("SC_CLK_TCK")
     seen = []
-    for _attempt in range(2):
+    quiet_misses = 0
+    for _attempt in range(3):
         b0, s0, o0, t0 = _busy_jiffies(), _proc_jiffies(sim_pid), _proc_jiffies(os.getpid()), time.monotonic()
         lvl = asyncio.run(go())
         wall = time.monotonic() - t0
@@ -150,6 +151,7 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
         seen.append(msg)
         if t99 < TOLERANCE_S and g99 < TOLERANCE_S:
             return
-        if foreign <= 0.25:
-            pytest.fail(f"client timestamps off on a quiet machine: {msg}")
+        quiet_misses += foreign <= 0.25
+        if quiet_misses >= 2:  # one stray scheduling hiccup of a shared VM is retried; a second one fails
+            pytest.fail(f"client timestamps off on a quiet machine: {' | '.join(seen)}")
     pytest.skip("machine busy with other processes in every attempt; accuracy not measurable: " + " | ".join(seen))

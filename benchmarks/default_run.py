@@ -33,8 +33,18 @@ def main() -> int:
     exp = yaml.safe_load(args.config.read_text())["experiment"]
     work = Path(tempfile.mkdtemp(prefix="specsweep-default-run-"))
     shutil.copy(args.config, work / "config.yaml")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", "crossover",
-           "--configfile", "config.yaml"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--cores",
+        "1",
+        "crossover",
+        "--configfile",
+        "config.yaml",
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -65,7 +75,7 @@ def main() -> int:
     print(f"  outside measuring: {wall - measuring:.1f} s ({100 * (wall - measuring) / wall:.1f} %)")
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
-    print(proc.stdout[proc.stdout.find("=" * 20):])
+    print(proc.stdout[proc.stdout.find("=" * 20) :])
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0

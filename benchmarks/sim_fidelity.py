@@ -32,14 +32,11 @@ def main() -> int:
     w = workload_of(p)
     print(f"profile {p.name}; assumed seed workload: {w}")
     print(
-        f"{'C':>4} {'measured':>9} {'sim':>8} {'error':>7} | {'req tok/s':>9} {'sim':>6} | "
-        f"{'latency s':>9} {'sim':>6}"
+        f"{'C':>4} {'measured':>9} {'sim':>8} {'error':>7} | {'req tok/s':>9} {'sim':>6} | {'latency s':>9} {'sim':>6}"
     )
     worst = 0.0
     for t in load_targets(seed_csv_path(), "eagle3", w, stack="cuda13-fusion", single_stream=False):
-        lp = simulate_level(
-            p, True, t.concurrency, t.n_requests, t.input_tokens, t.output_tokens, seed=args.seed
-        )
+        lp = simulate_level(p, True, t.concurrency, t.n_requests, t.input_tokens, t.output_tokens, seed=args.seed)
         row = next(r for r in rows if r["mode"] == "closed_loop" and int(r["concurrency"]) == t.concurrency)
         err = lp.aggregate_tok_s / t.tok_s - 1
         worst = max(worst, abs(err))

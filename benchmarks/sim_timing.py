@@ -37,14 +37,8 @@ def main() -> int:
     profile = load_profile(args.profile)
     levels = [int(x) for x in args.levels.split(",")]
     argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
-    print(
-        f"profile={profile.name} speculative={args.speculative} "
-        f"in={args.input_tokens} out={args.output_tokens}"
-    )
-    print(
-        "drift = achieved / model - 1; 'total' = all tokens / (last end - first send), "
-        "'steady' = steady window"
-    )
+    print(f"profile={profile.name} speculative={args.speculative} in={args.input_tokens} out={args.output_tokens}")
+    print("drift = achieved / model - 1; 'total' = all tokens / (last end - first send), 'steady' = steady window")
     print(
         f"{'C':>5} {'N':>5} {'model tok/s':>12} {'achieved':>10} {'total':>7} {'steady':>7} {'E2E':>7} "
         f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6}"

@@ -17,8 +17,13 @@ def tiny_config(**variant_extra: Any) -> dict[str, Any]:
     raw = {
         "experiment": "faults",
         "concurrency": [4],
-        "workload": {"input_tokens": 8, "output_tokens": 24, "requests": {"floor": 12}, "warmup_requests": 0,
-                     "request_timeout_s": 10},
+        "workload": {
+            "input_tokens": 8,
+            "output_tokens": 24,
+            "requests": {"floor": 12},
+            "warmup_requests": 0,
+            "request_timeout_s": 10,
+        },
         "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
         "variants": {"sim": {"engine": "sim", "profile": "demo", **variant_extra}},
     }

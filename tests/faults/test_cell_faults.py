@@ -44,8 +44,9 @@ def test_stall_hits_request_timeout(cells) -> None:
     assert not summary["validity"]["valid"]
 
 
-@pytest.mark.parametrize(("flag", "kind"), [("--fault-malformed-after-tokens", "malformed"),
-                                             ("--fault-truncate-after-tokens", "truncated")])
+@pytest.mark.parametrize(
+    ("flag", "kind"), [("--fault-malformed-after-tokens", "malformed"), ("--fault-truncate-after-tokens", "truncated")]
+)
 def test_broken_stream_is_an_error_with_its_reason(cells, flag: str, kind: str) -> None:
     summary = cells.run(tiny_config(sim_args=[flag, "20"]))
     df = records(cells)
@@ -87,8 +88,9 @@ def test_configured_port_in_use_is_refused_before_launch(cells) -> None:
         port = s.getsockname()[1]
         with pytest.raises(ServerError, match=f"port {port} on 127.0.0.1 is already in use"):
             cells.run(tiny_config(port=port))
-    assert not (cells.state_dir / "servers.log").exists() or " start " not in (
-        cells.state_dir / "servers.log").read_text()
+    assert (
+        not (cells.state_dir / "servers.log").exists() or " start " not in (cells.state_dir / "servers.log").read_text()
+    )
 
 
 def test_api_key_never_stored(cells, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,8 +37,9 @@ def write_config(workdir: Path, **overrides: object) -> None:
 def start(workdir: Path, *args: str) -> subprocess.Popen[str]:
     """Snakemake in its own session, so a signal to its group is what Ctrl-C in a terminal would send."""
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
-    return subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -74,8 +75,9 @@ def workdir(tmp_path: Path):
 @pytest.mark.parametrize("how", ["sigint-group", "sigterm", "sigkill"])
 def test_no_server_outlives_an_interrupted_workflow(workdir: Path, how: str) -> None:
     # A long level, so the workflow is surely mid-cell when it is interrupted.
-    write_config(workdir, concurrency=[2], workload={**BASE["workload"], "output_tokens": 64,
-                                                     "requests": {"floor": 400}})
+    write_config(
+        workdir, concurrency=[2], workload={**BASE["workload"], "output_tokens": 64, "requests": {"floor": 400}}
+    )
     proc = start(workdir, "crossover")
     try:
         wait_for(lambda: bool(sim_server_processes(workdir)), 90, "the first server to start")
@@ -98,15 +100,17 @@ def test_no_server_outlives_an_interrupted_workflow(workdir: Path, how: str) -> 
 
 
 def test_failing_cell_keeps_the_rest_and_rerun_redoes_only_what_is_missing(workdir: Path) -> None:
-    crash = {"sim": {"engine": "sim", "profile": "demo",
-                     "arm_server_args": {"eagle3": ["--fault-crash-after-tokens", "40"]}}}
+    crash = {
+        "sim": {"engine": "sim", "profile": "demo", "arm_server_args": {"eagle3": ["--fault-crash-after-tokens", "40"]}}
+    }
     write_config(workdir, variants=crash)
     first = run(workdir, "crossover", "--keep-going")
     assert first.returncode != 0
     done = summaries(workdir)
     assert {p.parent.parent.name for p in done} == {"baseline"} and len(done) == 2, first.stdout[-2000:]
     assert "exited during the cell" in "".join(
-        p.read_text() for p in (workdir / "results" / "wf" / "logs" / "cells").glob("sim.eagle3.*.log"))
+        p.read_text() for p in (workdir / "results" / "wf" / "logs" / "cells").glob("sim.eagle3.*.log")
+    )
     servers_gone_within(workdir, 30)
 
     write_config(workdir)  # the fault is gone: the rerun measures only what is missing
@@ -163,8 +167,11 @@ def test_missing_recipe_or_model_fails_before_any_server(workdir: Path) -> None:
 def test_fake_api_key_found_in_no_output(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-specsweep-pipeline-secret-9876"
     monkeypatch.setenv("SPECSWEEP_FAKE_KEY", secret)
-    write_config(workdir, mlflow={"enabled": True},
-                 variants={"sim": {"engine": "sim", "profile": "demo", "api_key_env": "SPECSWEEP_FAKE_KEY"}})
+    write_config(
+        workdir,
+        mlflow={"enabled": True},
+        variants={"sim": {"engine": "sim", "profile": "demo", "api_key_env": "SPECSWEEP_FAKE_KEY"}},
+    )
     proc = run(workdir, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert secret not in proc.stdout

@@ -146,9 +146,7 @@ def test_no_crossing_reports_winner_and_margin(tmp_path: Path) -> None:
 
 def test_several_crossings_flagged_non_monotone(tmp_path: Path) -> None:
     table = {1: 1.6, 2: 0.6, 5: 1.6, 10: 0.6}
-    write_synthetic_variant(
-        tmp_path, list(table), lambda c: table[int(c)], requests_per_level=lambda c: 100, seed=5
-    )
+    write_synthetic_variant(tmp_path, list(table), lambda c: table[int(c)], requests_per_level=lambda c: 100, seed=5)
     ar = analyze_variant(_load(tmp_path), "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
     assert len(ar["crossings"]) == 3 and ar["monotone"] is False
     assert [c["direction"] for c in ar["crossings"]] == ["down", "up", "down"]
@@ -157,9 +155,7 @@ def test_several_crossings_flagged_non_monotone(tmp_path: Path) -> None:
 def test_latency_orientation_and_both_summary_layouts(tmp_path: Path) -> None:
     for layout in ("metrics", "seconds"):
         root = tmp_path / layout
-        write_synthetic_variant(
-            root, [1, 2], lambda c: 1.5, requests_per_level=lambda c: 100, seed=6, layout=layout
-        )
+        write_synthetic_variant(root, [1, 2], lambda c: 1.5, requests_per_level=lambda c: 100, seed=6, layout=layout)
         ar = analyze_variant(_load(root), "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
         m = ar["metrics"]
         # speculation is faster: throughput ratio > 1 and latency ratio (baseline/spec) > 1 alike

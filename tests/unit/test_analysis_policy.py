@@ -12,16 +12,12 @@ from specsweep.analysis.policy import choose_threshold, engine_policy, policy_do
 pytestmark = pytest.mark.unit
 
 
-def _arm(
-    lo: list[float | None], crossover: dict[str, Any] | None, crossings: list[dict] | None = None
-) -> dict:
+def _arm(lo: list[float | None], crossover: dict[str, Any] | None, crossings: list[dict] | None = None) -> dict:
     levels = [1.0, 2.0, 5.0, 10.0, 30.0][: len(lo)]
     return {
         "levels": levels,
         "primary_metric": "aggregate_tok_s",
-        "metrics": {
-            "aggregate_tok_s": {"speedup_lo": lo, "crossover": crossover, "crossings": crossings or []}
-        },
+        "metrics": {"aggregate_tok_s": {"speedup_lo": lo, "crossover": crossover, "crossings": crossings or []}},
     }
 
 
@@ -70,9 +66,7 @@ def test_vllm_schedule_from_argv_and_edges() -> None:
     arm = {"server_args": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']}
     assert speculative_tokens("vllm", arm) == 4
     assert engine_policy("vllm", 0, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [[1, 1024, 0]]
-    assert engine_policy("vllm", 5000, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [
-        [1, 1024, 4]
-    ]
+    assert engine_policy("vllm", 5000, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [[1, 1024, 4]]
     assert "note" in engine_policy("vllm", 8, {}, {}, 250)  # K unknown: said so, no schedule invented
     assert "num_speculative_tokens_per_batch_size" not in engine_policy("vllm", 8, {}, {}, 250)
 

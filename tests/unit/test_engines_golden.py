@@ -159,8 +159,15 @@ def test_defaults_and_env_vars() -> None:
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_arm_server_args_and_arm_env_reach_real_engines(engine: str) -> None:
     """Per-variant extra flags for one arm, and an arm's env vars, land in that arm's server only."""
-    variant = {"engine": engine, "model": "/m", "tp": 2, "gpus": "0,1", "server_args": ["--v"],
-               "arm_server_args": {"spec": ["--x"]}, "env_vars": {"A": "1"}}
+    variant = {
+        "engine": engine,
+        "model": "/m",
+        "tp": 2,
+        "gpus": "0,1",
+        "server_args": ["--v"],
+        "arm_server_args": {"spec": ["--x"]},
+        "env_vars": {"A": "1"},
+    }
     flag = "--speculative-algorithm" if engine == "sglang" else "--speculative-config"
     spec_arm = {"speculative": True, "server_args": [flag, "EAGLE3"], "env_vars": {"B": "2"}}
     e = get_engine(engine)

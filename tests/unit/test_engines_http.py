@@ -53,9 +53,7 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
 """
 
 
-async def _with_server(
-    routes: list[web.RouteDef], body: Callable[[str, aiohttp.ClientSession], Awaitable[Any]]
-):
+async def _with_server(routes: list[web.RouteDef], body: Callable[[str, aiohttp.ClientSession], Awaitable[Any]]):
     app = web.Application()
     app.add_routes(routes)
     runner = web.AppRunner(app)

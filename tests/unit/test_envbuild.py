@@ -30,9 +30,7 @@ def test_build_then_reuse(tmp_path: Path) -> None:
     env = py.parent.parent
     assert env.name.startswith("trivial-") and len(env.name) == len("trivial-") + 12
     assert envbuild.is_complete(env)
-    out = subprocess.run(
-        [str(py), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([str(py), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()) == env  # the renamed env knows where it is
     marker_mtime = (env / envbuild.MARKER).stat().st_mtime_ns
 

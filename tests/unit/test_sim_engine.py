@@ -28,9 +28,7 @@ def test_step_time_formula_demo():
     c = p.step
     ar = p.model.layers * p.model.allreduces_per_layer * c.allreduce_s
     base = step_time(p, False, n_seqs=10, decode_tokens=10, prefill_tokens=100, n_decode=10, context_tokens=0)
-    assert base == pytest.approx(
-        c.fixed_s + 10 * c.per_seq_s + 10 * c.per_token_s + 100 * c.prefill_token_s + ar
-    )
+    assert base == pytest.approx(c.fixed_s + 10 * c.per_seq_s + 10 * c.per_token_s + 100 * c.prefill_token_s + ar)
     s = p.speculative
     spec = step_time(p, True, n_seqs=10, decode_tokens=40, prefill_tokens=0, n_decode=10)
     draft = s.draft_tokens * (s.draft_step_s + s.draft_per_seq_s * 10)
@@ -40,14 +38,10 @@ def test_step_time_formula_demo():
 
 def test_step_time_tp1_has_no_allreduce_and_experts_saturate():
     p = load_profile("demo").with_params({"model.tensor_parallel": 1})
-    assert step_time(p, False, 1, 1, 0, 1) == pytest.approx(
-        p.step.fixed_s + p.step.per_seq_s + p.step.per_token_s
-    )
+    assert step_time(p, False, 1, 1, 0, 1) == pytest.approx(p.step.fixed_s + p.step.per_seq_s + p.step.per_token_s)
     k = load_profile("kimi-k25-cu130-fusion")
     e = k.step.expert_read_s
-    one = step_time(k, False, 1, 1, 0, 1) - step_time(
-        k.with_params({"step.expert_read_s": 0.0}), False, 1, 1, 0, 1
-    )
+    one = step_time(k, False, 1, 1, 0, 1) - step_time(k.with_params({"step.expert_read_s": 0.0}), False, 1, 1, 0, 1)
     assert one == pytest.approx(e * 8 / 384)
     many = step_time(k, False, 100, 5000, 0, 100) - step_time(
         k.with_params({"step.expert_read_s": 0.0}), False, 100, 5000, 0, 100
@@ -116,9 +110,7 @@ def test_accept_length_matches_truncated_geometric():
         eng.new_request(8, 2000)
     _run(eng)
     assert eng.avg_accept_length() == pytest.approx(p.expected_accept_length(), rel=0.03)
-    assert eng.accepted_draft_tokens / eng.verify_steps == pytest.approx(
-        p.expected_accept_length() - 1, rel=0.05
-    )
+    assert eng.accepted_draft_tokens / eng.verify_steps == pytest.approx(p.expected_accept_length() - 1, rel=0.05)
 
 
 def test_abort_frees_the_slot():

@@ -68,9 +68,7 @@ def test_kimi_fusion_profile_reproduces_seed_sweep_within_5_percent():
 def test_single_stream_numbers_within_5_percent(profile, speculative, measured):
     p = load_profile(profile)
     w = workload_of(p)
-    t = Target(
-        speculative, "single_stream", 1, measured, w["single_stream_input_tokens"], w["output_tokens"], 1
-    )
+    t = Target(speculative, "single_stream", 1, measured, w["single_stream_input_tokens"], w["output_tokens"], 1)
     assert abs(simulated_tok_s(p, t) / measured - 1) <= 0.05
 
 

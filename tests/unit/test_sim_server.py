@@ -101,9 +101,7 @@ def test_generate_stream_sglang_shape_and_accept_length():
         info = await (await c.get("/server_info")).json()
         assert info["avg_spec_accept_length"] > 1
         m = await (await c.get("/metrics")).text()
-        drafts = next(
-            float(x.split()[-1]) for x in m.splitlines() if x.startswith("vllm:spec_decode_num_drafts_total")
-        )
+        drafts = next(float(x.split()[-1]) for x in m.splitlines() if x.startswith("vllm:spec_decode_num_drafts_total"))
         assert drafts == last["spec_verify_ct"]
         assert "sim_sent_at" not in objs[0]
 

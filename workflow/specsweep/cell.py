@@ -171,9 +171,7 @@ async def measure(
     return level.records, summary
 
 
-def run_cell(
-    spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path
-) -> dict:
+def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path) -> dict:
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
@@ -222,9 +220,7 @@ def run_cell(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--spec", required=True, help="the cell as JSON text (specsweep.config.cell_spec) or a file"
-    )
+    parser.add_argument("--spec", required=True, help="the cell as JSON text (specsweep.config.cell_spec) or a file")
     parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")

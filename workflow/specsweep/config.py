@@ -108,9 +108,7 @@ def _check_semantics(config: dict[str, Any]) -> None:
                     f"config error at 'variants/{name}/arm_server_args/{arm}': unknown arm; "
                     f"known arms: {', '.join(arms)}"
                 )
-        if variant["engine"] in ("sglang", "vllm") and not (
-            variant.get("model") or variant.get("model_builder")
-        ):
+        if variant["engine"] in ("sglang", "vllm") and not (variant.get("model") or variant.get("model_builder")):
             raise ConfigError(
                 f"config error at 'variants/{name}/model': engine {variant['engine']} needs a model path "
                 "(or model_builder: tiny-llama)"
@@ -137,12 +135,7 @@ def speculative_arms(config: dict[str, Any]) -> list[str]:
 
 
 def cells(config: dict[str, Any]) -> list[Cell]:
-    return [
-        Cell(v, a, c)
-        for v in config["variants"]
-        for a in config["arms"]
-        for c in sorted(config["concurrency"])
-    ]
+    return [Cell(v, a, c) for v in config["variants"] for a in config["arms"] for c in sorted(config["concurrency"])]
 
 
 def server_group_priority(config: dict[str, Any], variant: str, arm: str) -> int:
@@ -153,9 +146,7 @@ def server_group_priority(config: dict[str, Any], variant: str, arm: str) -> int
 
 
 def cell_dir(config: dict[str, Any], cell: Cell) -> Path:
-    return (
-        Path(config["results_dir"]) / config["experiment"] / cell.variant / cell.arm / f"c{cell.concurrency}"
-    )
+    return Path(config["results_dir"]) / config["experiment"] / cell.variant / cell.arm / f"c{cell.concurrency}"
 
 
 def model_dir(results_dir: str, experiment: str, variant_name: str) -> Path:
@@ -163,9 +154,7 @@ def model_dir(results_dir: str, experiment: str, variant_name: str) -> Path:
     return Path(results_dir) / experiment / "models" / variant_name
 
 
-def variant_for_server(
-    spec_or_config: dict[str, Any], variant_name: str, absolute: bool = True
-) -> dict[str, Any]:
+def variant_for_server(spec_or_config: dict[str, Any], variant_name: str, absolute: bool = True) -> dict[str, Any]:
     """The variant as its server needs it: a built model's path filled in (absolute unless asked otherwise)."""
     variants = spec_or_config.get("variants") or {variant_name: spec_or_config["variant"]}
     variant = dict(variants[variant_name])

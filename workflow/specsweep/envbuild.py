@@ -127,7 +127,6 @@ def is_complete(env: Path) -> bool:
     return (Path(env) / MARKER).is_file() and env_python(env).exists()
 
 
-
 def _run(cmd: list[str], log: TextIO, env: dict[str, str] | None = None) -> None:
     """Run a command, copying its output to `log`; raise EnvBuildError on failure."""
     log.write(f"$ {shlex.join(cmd)}\n")
@@ -244,9 +243,7 @@ def env_manifest(python: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def python_for_variant(
-    variant: dict[str, Any], envs_root: Path, log: TextIO, root: Path | None = None
-) -> str:
+def python_for_variant(variant: dict[str, Any], envs_root: Path, log: TextIO, root: Path | None = None) -> str:
     """The interpreter that runs a variant's server: the project's own for `sim`, else the recipe's env."""
     if variant.get("engine", "sim") == "sim" or not variant.get("recipe"):
         if variant.get("engine", "sim") != "sim":

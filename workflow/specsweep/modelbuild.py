@@ -34,9 +34,7 @@ def build(python: str, builder: str, out: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--env", required=True, type=Path, help="the variant's fingerprint JSON (its interpreter)"
-    )
+    parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (its interpreter)")
     parser.add_argument("--builder", required=True, choices=sorted(BUILDERS))
     parser.add_argument("--out", required=True, type=Path, help="model folder to create")
 

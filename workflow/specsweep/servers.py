@@ -93,7 +93,6 @@ def log_event(state_dir: Path, event: str, **fields: Any) -> None:
         fh.write(f"{stamp} {event} {text}\n")
 
 
-
 # ---------------------------------------------------------------- processes
 
 
@@ -234,9 +233,7 @@ def _owner() -> tuple[int, float]:
     return pid, started
 
 
-def _start(
-    state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]
-) -> ServerRecord:
+def _start(state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]) -> ServerRecord:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spec_file = state_dir / f"{_slug(spec.resource)}.spec"
     # The spec file holds the redacted command; the supervisor puts secrets back from its environment.
@@ -455,9 +452,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for rec in records(args.state_dir):
         alive = process_started(rec.server_pid) is not None
-        print(
-            f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}"
-        )
+        print(f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}")
     return 0
 
 

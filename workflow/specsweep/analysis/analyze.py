@@ -169,9 +169,7 @@ def _metric_result(
             sp, sp_rep = s_pt / b_pt, s_rep / b_rep
         else:
             sp, sp_rep = b_pt / s_pt, b_rep / s_rep
-    has = [
-        bool(b.has_interval[spec.name] and a.has_interval[spec.name]) for b, a in zip(base, arm, strict=True)
-    ]
+    has = [bool(b.has_interval[spec.name] and a.has_interval[spec.name]) for b, a in zip(base, arm, strict=True)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         lo, hi = percentile_interval(sp_rep, confidence, axis=0) if sp_rep.size else (np.array([]),) * 2
@@ -192,9 +190,7 @@ def _metric_result(
     ok = np.isfinite(sp)
     lv, spk = levels[ok], sp[ok]
     if lv.size == 0:
-        out.update(
-            crossings=[], n_crossings=0, monotone=True, crossover=None, winner=None, smallest_margin=None
-        )
+        out.update(crossings=[], n_crossings=0, monotone=True, crossover=None, winner=None, smallest_margin=None)
         return out
     xs = crossings_log_c(lv, spk)
     alpha = (1.0 - confidence) / 2.0
@@ -299,8 +295,7 @@ def analyze_arm(
     base_b = [boot(base_cells[c]) for c in used]
     spec_b = [boot(spec_cells[c]) for c in used]
     metrics = {
-        m.name: _metric_result(m, levels, base_b, spec_b, settings.confidence, spec_arm, baseline_arm)
-        for m in METRICS
+        m.name: _metric_result(m, levels, base_b, spec_b, settings.confidence, spec_arm, baseline_arm) for m in METRICS
     }
     prim = metrics[settings.primary_metric]
     for row in per_level:
@@ -320,9 +315,7 @@ def analyze_arm(
             s = pm.value(spec_cells[c].summary) if c in spec_cells else float("nan")
             with np.errstate(invalid="ignore", divide="ignore"):
                 sp = s / b if pm.higher_is_better else b / s
-            row.update(
-                baseline_value=_f(b), spec_value=_f(s), speedup=_f(sp), speedup_lo=None, speedup_hi=None
-            )
+            row.update(baseline_value=_f(b), spec_value=_f(s), speedup=_f(sp), speedup_lo=None, speedup_hi=None)
     sources = sorted({cl.source for grp in (base_cells, spec_cells) for cl in grp.values()})
     notes = sorted({n for grp in (base_cells, spec_cells) for cl in grp.values() for n in cl.notes})
     return {

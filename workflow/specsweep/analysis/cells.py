@@ -120,9 +120,7 @@ def request_arrays(df: Any) -> RequestArrays:
     e2e = last - send
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(tokens >= 2, (e2e - ttft) / (tokens - 1.0), np.nan)
-    return RequestArrays(
-        repeat=repeat, tokens=tokens, busy_s=end - send, ttft_s=ttft, e2e_s=e2e, tpot_s=tpot, ok=ok
-    )
+    return RequestArrays(repeat=repeat, tokens=tokens, busy_s=end - send, ttft_s=ttft, e2e_s=e2e, tpot_s=tpot, ok=ok)
 
 
 def load_cell(cell_dir: str | Path, arm: str | None = None, concurrency: float | None = None) -> Cell:

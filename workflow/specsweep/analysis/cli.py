@@ -37,9 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--cells-root", type=Path, help="directory holding <arm>/c<C>/summary.json")
     src.add_argument("--summaries", type=Path, nargs="+", help="explicit summary.json paths (one per cell)")
-    parser.add_argument(
-        "--config", help="resolved config: a YAML/JSON file or inline JSON (arms, levels, analysis)"
-    )
+    parser.add_argument("--config", help="resolved config: a YAML/JSON file or inline JSON (arms, levels, analysis)")
     parser.add_argument("--out-dir", type=Path, required=True, help="where crossover.json, plots, policy go")
     parser.add_argument("--experiment", help="experiment name (default: config, else the cells' summaries)")
     parser.add_argument("--baseline-arm", help="default: the config arm with speculative: false")
@@ -74,7 +72,6 @@ def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any
     ]
     a["server_args"] = [str(x) for x in argv]
     return a
-
 
 
 def _arm_roles(
@@ -112,8 +109,7 @@ def _crossover_line(name: str, ar: dict[str, Any]) -> str:
             f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at C={_fmt(sm['concurrency'])}"
         )
     parts = [
-        f"C={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]"
-        for c in ar["crossings"]
+        f"C={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]
     ]
     mono = "" if ar["monotone"] else " NON-MONOTONE"
     return (
@@ -135,9 +131,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             ]
             missing = [m["arm"] for m in ar["missing_cells"] if m["concurrency"] == r["concurrency"]]
             valid = (
-                "yes"
-                if not why and not missing
-                else "no (" + "; ".join(why + [f"{a}: missing" for a in missing]) + ")"
+                "yes" if not why and not missing else "no (" + "; ".join(why + [f"{a}: missing" for a in missing]) + ")"
             )
             rows.append(
                 {
@@ -164,9 +158,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result.get('experiment')}/{result.get('variant')}: {name} vs {ar['baseline_arm']} "
             f"({result.get('source')}; metric {ar['primary_metric']})"
         )
-        lines.append(
-            f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | valid"
-        )
+        lines.append(f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | valid")
         for r in (r for r in table_rows(result) if r["arm"] == name):
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
             lines.append(
@@ -227,15 +219,11 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
     cells = _load_cells(args, config)
     if not cells:
         raise SystemExit(f"no cells found for variant {args.variant}")
-    baseline, spec_arms = _arm_roles(
-        config, sorted(cells), args.baseline_arm, args.spec_arms, settings.baseline_arm
-    )
+    baseline, spec_arms = _arm_roles(config, sorted(cells), args.baseline_arm, args.spec_arms, settings.baseline_arm)
     variant_cfg = (config.get("variants") or {}).get(args.variant) or {}
     any_summary = next(iter(next(iter(cells.values())).values())).summary
     engine = str(variant_cfg.get("engine") or any_summary.get("engine") or "")
-    experiment = (
-        args.experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
-    )
+    experiment = args.experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
     result = analyze_variant(
         cells, baseline, spec_arms, settings, experiment=experiment, variant=args.variant, engine=engine
     )
@@ -243,9 +231,7 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out_dir
     arms_cfg = {a: server_args(config, args.variant, a) for a in spec_arms}
     policy = policy_document(result, engine, arms_cfg, variant_cfg, settings.policy_rule)
-    result["policy"] = {
-        a: {"threshold": p["threshold"], "rule": p["rule"]} for a, p in policy["arms"].items()
-    }
+    result["policy"] = {a: {"threshold": p["threshold"], "rule": p["rule"]} for a, p in policy["arms"].items()}
     for a, p in policy["arms"].items():
         result["arms"][a]["threshold"] = p["threshold"]
     if not args.no_plots:

@@ -46,16 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--arms", nargs="+", help="arms to compare (default: every arm the variants share)")
     parser.add_argument("--config", help="resolved config: a YAML/JSON file or inline JSON")
-    parser.add_argument(
-        "--out-dir", type=Path, required=True, help="where comparison.json, table and plots go"
-    )
+    parser.add_argument("--out-dir", type=Path, required=True, help="where comparison.json, table and plots go")
     parser.add_argument("--replicates", type=int, help="bootstrap replicates (overrides config)")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 
-def _load_variant(
-    root: Path, arms: list[str] | None, levels: list[float] | None
-) -> dict[str, dict[float, Cell]]:
+def _load_variant(root: Path, arms: list[str] | None, levels: list[float] | None) -> dict[str, dict[float, Cell]]:
     out: dict[str, dict[float, Cell]] = {}
     for arm, by_level in find_cells(root, arms, levels).items():
         out[arm] = {c: load_cell(d, arm=arm, concurrency=c) for c, d in by_level.items()}
@@ -106,9 +102,7 @@ def compare_variants(
                 if cell is not None:
                     b = boot(cell)
                     entry["values"] = {m: _f(b.point[m]) for m in COMPARED}
-                    usable = ref_cell is not None and (
-                        settings.include_invalid or (cell.valid and ref_cell.valid)
-                    )
+                    usable = ref_cell is not None and (settings.include_invalid or (cell.valid and ref_cell.valid))
                     if v != ref and usable:
                         rb = boot(ref_cell)
                         ratios = {}
@@ -116,11 +110,7 @@ def compare_variants(
                             hib = specs[m].higher_is_better
                             with np.errstate(invalid="ignore", divide="ignore"):
                                 pt = b.point[m] / rb.point[m] if hib else rb.point[m] / b.point[m]
-                                reps = (
-                                    b.replicates[m] / rb.replicates[m]
-                                    if hib
-                                    else rb.replicates[m] / b.replicates[m]
-                                )
+                                reps = b.replicates[m] / rb.replicates[m] if hib else rb.replicates[m] / b.replicates[m]
                             with warnings.catch_warnings():
                                 warnings.simplefilter("ignore", RuntimeWarning)
                                 lo, hi = percentile_interval(reps, settings.confidence)
@@ -146,9 +136,7 @@ def compare_variants(
         }
         for v, x in crossovers.items()
     }
-    result["orientation"] = (
-        "ratio > 1: the variant is better than the reference (throughput v/ref, latency ref/v)"
-    )
+    result["orientation"] = "ratio > 1: the variant is better than the reference (throughput v/ref, latency ref/v)"
     return result
 
 

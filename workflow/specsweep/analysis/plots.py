@@ -115,9 +115,7 @@ def _legend(ax: Any, any_invalid: bool) -> None:
         ax.legend(handles, labels, fontsize="small")
 
 
-def plot_variant(
-    result: dict[str, Any], cells: dict[str, dict[float, Cell]], out_dir: str | Path
-) -> list[Path]:
+def plot_variant(result: dict[str, Any], cells: dict[str, dict[float, Cell]], out_dir: str | Path) -> list[Path]:
     """All plot kinds of one variant from its crossover.json body and its cells; returns the files written."""
     out_dir = Path(out_dir)
     base_arm = result["baseline_arm"]
@@ -163,9 +161,7 @@ def plot_variant(
     handles, labels = ax.get_legend_handles_labels()
     if inv:
         handles.append(Line2D([], [], color="red", linestyle=":"))
-        labels.append(
-            "invalid cell (left out)" if not result.get("include_invalid") else "invalid cell (included)"
-        )
+        labels.append("invalid cell (left out)" if not result.get("include_invalid") else "invalid cell (included)")
     ax.legend(handles, labels, fontsize="small")
     written += save_figure(fig, out_dir / "speedup")
 
@@ -193,9 +189,7 @@ def plot_variant(
     ax.set_xlabel("concurrency C (requests in flight)")
     ax.set_ylabel("accept length (tokens per verify step)")
     if not ax.lines:
-        ax.text(
-            0.5, 0.5, "no accept-length data in these cells", ha="center", va="center", transform=ax.transAxes
-        )
+        ax.text(0.5, 0.5, "no accept-length data in these cells", ha="center", va="center", transform=ax.transAxes)
     _title(ax, "Accept length vs concurrency", result)
     _legend(ax, inv)
     written += save_figure(fig, out_dir / "accept_length")

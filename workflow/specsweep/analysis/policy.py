@@ -51,9 +51,7 @@ def choose_threshold(
         state = x["states"]["lo"]
         if state == "below_range":
             cand["crossover_lower"] = 0
-            reasons["crossover_lower"] = (
-                "crossover interval reaches below the lowest level: not shown to pay off"
-            )
+            reasons["crossover_lower"] = "crossover interval reaches below the lowest level: not shown to pay off"
         elif state == "above_range":
             cand["crossover_lower"] = int(math.floor(x["max_level"]))
             reasons["crossover_lower"] = (
@@ -124,9 +122,7 @@ def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
 
 def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float) -> dict[str, Any]:
     k = speculative_tokens("vllm", arm)
-    max_seqs = (
-        arm.get("max_num_seqs") or variant.get("max_num_seqs") or _arg_value(_argv_of(arm), "--max-num-seqs")
-    )
+    max_seqs = arm.get("max_num_seqs") or variant.get("max_num_seqs") or _arg_value(_argv_of(arm), "--max-num-seqs")
     upper = int(max_seqs) if max_seqs else max(1024, int(max_level))
     out: dict[str, Any] = {"max_batch_size": upper, "num_speculative_tokens": k}
     if k is None:
@@ -183,8 +179,7 @@ def _sglang(n: int) -> dict[str, Any]:
                 "server_args": ["--max-running-requests", str(n)],
             },
         ],
-        "note": "some SGLang versions cap running requests at 48 under EAGLE unless "
-        "--max-running-requests is set",
+        "note": "some SGLang versions cap running requests at 48 under EAGLE unless --max-running-requests is set",
     }
 
 
@@ -237,8 +232,6 @@ def policy_document(
                 "speculation loses at low load and wins higher up on this stack: a "
                 "'speculate <= N' policy cannot express that; see crossover.json"
             )
-        entry[engine or "engine"] = engine_policy(
-            engine, t["threshold"], arms_cfg.get(name), variant_cfg, max_level
-        )
+        entry[engine or "engine"] = engine_policy(engine, t["threshold"], arms_cfg.get(name), variant_cfg, max_level)
         doc["arms"][name] = entry
     return doc

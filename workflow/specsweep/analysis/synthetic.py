@@ -104,7 +104,6 @@ def _summary_metrics(df: pd.DataFrame, concurrency: float, layout: str = "metric
     }
 
 
-
 def write_synthetic_cell(
     variant_dir: str | Path,
     arm: str,

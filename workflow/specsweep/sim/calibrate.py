@@ -122,9 +122,7 @@ def load_targets(
     return out
 
 
-def _targets_from_results(
-    root: Path, spec_arm: str, workload: dict[str, int], variant: str | None
-) -> list[Target]:
+def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, int], variant: str | None) -> list[Target]:
     out: list[Target] = []
     for f in sorted(root.glob("**/c*/summary.json")):
         s = json.loads(f.read_text())

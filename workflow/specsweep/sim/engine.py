@@ -135,9 +135,7 @@ class Engine:
         """Create and enqueue a request; its acceptance draws come from its own seeded stream."""
         rid = self._next_rid
         self._next_rid += 1
-        req = SimRequest(
-            rid=rid, prompt_tokens=max(1, prompt_tokens), max_new_tokens=max_new_tokens, arrival=arrival
-        )
+        req = SimRequest(rid=rid, prompt_tokens=max(1, prompt_tokens), max_new_tokens=max_new_tokens, arrival=arrival)
         if self.speculative:
             req.rng = random.Random(self.seed * 1_000_003 + rid)
         self.waiting.append(req)

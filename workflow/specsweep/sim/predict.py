@@ -86,9 +86,7 @@ def simulate_level(
     first_rid: int = 0,
 ) -> LevelPrediction:
     """Run one closed-loop level in virtual time (warm-up requests first, one at a time, not measured)."""
-    engine = Engine(
-        profile, speculative, seed=seed, max_running_requests=max_running_requests, first_rid=first_rid
-    )
+    engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests, first_rid=first_rid)
     now = 0.0
     for _ in range(warmup_requests):
         engine.new_request(input_tokens, output_tokens, arrival=now)
@@ -164,10 +162,7 @@ class SweepPrediction:
     speculative: list[LevelPrediction]
 
     def speedup(self) -> list[float]:
-        return [
-            s.aggregate_tok_s / b.aggregate_tok_s
-            for b, s in zip(self.baseline, self.speculative, strict=True)
-        ]
+        return [s.aggregate_tok_s / b.aggregate_tok_s for b, s in zip(self.baseline, self.speculative, strict=True)]
 
     def crossovers(self) -> list[float]:
         return crossings_log_c([float(b.concurrency) for b in self.baseline], self.speedup())
@@ -225,9 +220,7 @@ def format_sweep(profile: Profile, sweep: SweepPrediction) -> str:
             )
     lines.append(
         "speedup (speculative/baseline aggregate): "
-        + ", ".join(
-            f"C={b.concurrency}: {x:.2f}" for b, x in zip(sweep.baseline, sweep.speedup(), strict=True)
-        )
+        + ", ".join(f"C={b.concurrency}: {x:.2f}" for b, x in zip(sweep.baseline, sweep.speedup(), strict=True))
     )
     cx = sweep.crossovers()
     lines.append("crossover C: " + (", ".join(f"{c:.1f}" for c in cx) if cx else "none in range"))
@@ -240,9 +233,7 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="demo", help="packaged profile name or YAML path")
-    parser.add_argument(
-        "--concurrency", type=_int_list, default=DEFAULT_LEVELS, help="comma-separated levels"
-    )
+    parser.add_argument("--concurrency", type=_int_list, default=DEFAULT_LEVELS, help="comma-separated levels")
     # Unset workload options take the profile's reference workload (what it was calibrated on), else these.
     parser.add_argument("--input-tokens", type=int, default=None, help="default: profile's reference, else 128")
     parser.add_argument("--output-tokens", type=int, default=None, help="default: profile's reference, else 64")
@@ -297,8 +288,10 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
-              f"max({args.requests_floor}, {args.requests_per_concurrency} x C)")
+        print(
+            f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
+            f"max({args.requests_floor}, {args.requests_per_concurrency} x C)"
+        )
         print(format_sweep(profile, sweep))
         print(f"(predicted in {elapsed:.3f} s)")
     return 0

@@ -51,9 +51,7 @@ class Speculative:
 
     algorithm: str = "EAGLE3"
     draft_tokens: int = 3  # k: draft length verified per step
-    accept_prob: float = (
-        0.7  # per-token acceptance probability a (accepted prefix ~ geometric, truncated at k)
-    )
+    accept_prob: float = 0.7  # per-token acceptance probability a (accepted prefix ~ geometric, truncated at k)
     draft_step_s: float = 0.0005  # per draft step (k per engine step): draft forward incl. its all-reduces
     draft_per_seq_s: float = 0.0  # per draft step and running sequence
     max_running_requests: int | None = None  # cap under speculation (SGLang caps EAGLE at 48 by default)
@@ -185,9 +183,7 @@ def _step_overrides(raw: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in raw.items():
         if key not in step_fields:
-            raise ProfileError(
-                f"speculative.step.{key}: unknown field (known: {', '.join(sorted(step_fields))})"
-            )
+            raise ProfileError(f"speculative.step.{key}: unknown field (known: {', '.join(sorted(step_fields))})")
         out[key] = _check_value(f"speculative.step.{key}", value, "float")
     return out
 
@@ -253,9 +249,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
         path = profiles_dir() / f"{name_or_path}.yaml"
         if not path.exists():
-            raise ProfileError(
-                f"unknown profile {name_or_path!r} (packaged: {', '.join(available_profiles())})"
-            )
+            raise ProfileError(f"unknown profile {name_or_path!r} (packaged: {', '.join(available_profiles())})")
     if not path.exists():
         raise ProfileError(f"profile file not found: {path}")
     try:

@@ -19,7 +19,8 @@ import pytest
 
 from specsweep.client.backends import RequestSpec
 from specsweep.client.loadgen import measure_level
-from specsweep.client.prompts import make_prompts_auto
+from specsweep.client.prompts import level_prompts
+from specsweep.config import defaults
 from specsweep.metrics import summarize
 
 pytestmark = pytest.mark.unit
@@ -120,10 +121,10 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
     backend = "openai" if "speculative" in request.node.callspec.id else "sglang"  # each API once, both arms
 
     async def go():  # type: ignore[no-untyped-def]
-        prompts = await make_prompts_auto(200, 32, seed=0, url=url)
-        assert prompts.exact and prompts.tokenizer == "server"
+        prompts = await level_prompts(100, 300, 1, 4, 32, seed=0, url=url)
+        assert prompts.repeats[0].exact and prompts.repeats[0].tokenizer == "server"
         spec = RequestSpec(url=url, backend=backend, request_timeout_s=30)
-        return await measure_level(spec, 100, 200, prompts, 24, warmup=4)
+        return await measure_level(spec, 100, 200, prompts, 24, warmup=4, idle_probe_s=0.1)
 
     tick = os.sysconf("SC_CLK_TCK")
     seen = []
@@ -136,10 +137,12 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
         foreign = max(0.0, (_busy_jiffies() - b0 - own) / tick / wall)
         df = lvl.records
         assert df["ok"].all(), df.loc[~df["ok"], "error"].head().tolist()
-        assert (df["output_tokens"] == 24).all() and (df["server_output_tokens"] == 24).all()
+        assert (df["output_tokens"] == df["expected_output_tokens"]).all()
+        assert (df["server_output_tokens"] == df["expected_output_tokens"]).all()
         ttft_err, gap_err = _errors(df)
         assert (ttft_err > -1e-4).all()  # a chunk is never seen before it was sent (same clock)
-        s = summarize(df, 100, lag_samples=lvl.lag_samples)
+        rep = lvl.repeats[0]
+        s = summarize(df, 100, defaults("gates"), repeats=[{"lag": rep.lag_samples, "client": rep.client}])
         assert s["metrics"]["achieved_concurrency"] >= 95
         t99, g99 = np.percentile(ttft_err, 99), np.percentile(gap_err, 99)
         msg = (

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
-from specsweep.client.fakeserver import fake_server
 from specsweep.client.fasthttp import FastPool
+from tests.support.fakeserver import fake_server
 
 pytestmark = pytest.mark.unit
 

@@ -172,7 +172,7 @@ def test_kernel_timestamps_survive_a_blocked_event_loop() -> None:
     """Chunks that arrive while the client's loop is blocked keep their arrival time, not the unblock time."""
     import threading
 
-    from specsweep.client.fakeserver import fake_server
+    from tests.support.fakeserver import fake_server
 
     ready: list[str] = []
     stop = threading.Event()

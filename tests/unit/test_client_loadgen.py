@@ -12,55 +12,134 @@ import pytest
 
 from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec
-from specsweep.client.fakeserver import FlushState, fake_server
-from specsweep.client.loadgen import RECORD_COLUMNS, flush_cache, measure_level
-from specsweep.client.prompts import load_prompts_file, make_prompts, make_prompts_auto, prompt_set_hash
+from specsweep.client.loadgen import RECORD_COLUMNS, measure_level, ramp_length
+from specsweep.client.prompts import (
+    level_prompts,
+    load_prompts_file,
+    make_prompts,
+    make_prompts_auto,
+    prompt_set_hash,
+)
+from specsweep.engines.common import post_flush_cache, post_reset_prefix_cache
+from specsweep.summary import write_cell
+from tests.support.fakeserver import FlushState, fake_server
 
 pytestmark = pytest.mark.unit
 
 
-def test_closed_loop_keeps_c_in_flight_and_skips_warmup() -> None:
+class FlushHooks:
+    """SGLang-style cache reset and no counters: what the load generator asks of an engine."""
+
+    async def reset_cache(self, session: aiohttp.ClientSession, url: str) -> str:
+        return await post_flush_cache(session, url, retry_s=0.05)
+
+    async def counters(self, session: aiohttp.ClientSession, url: str) -> None:
+        return None
+
+
+def in_flight_max(rep: pd.DataFrame) -> int:
+    now = top = 0
+    for _, d in sorted([(s, 1) for s in rep.send_s] + [(e, -1) for e in rep.end_s], key=lambda x: (x[0], x[1])):
+        now += d
+        top = max(top, now)
+    return top
+
+
+def test_staggered_closed_loop_keeps_c_in_flight_with_its_own_prompts_per_repeat() -> None:
     flush = FlushState(busy=2)
-    in_flight = {"now": 0, "max": 0}
+    seen: list[str] = []
 
     async def go():  # type: ignore[no-untyped-def]
-        async with fake_server(flush) as url:
-            prompts = await make_prompts(12, 16, seed=1)
+        async with fake_server(flush, seen=seen) as url:
+            prompts = await level_prompts(3, 3 + 9, repeats=2, n_warmup=2, input_tokens=16, seed=1, url=url)
             done: list[RequestRecord] = []
-            lvl = await measure_level(RequestSpec(url=url), 3, 9, prompts, 6, warmup=2, repeats=2, on_done=done.append)
-            return lvl, done
+            lvl = await measure_level(
+                RequestSpec(url=url),
+                3,
+                9,
+                prompts,
+                6,
+                warmup=2,
+                repeats=2,
+                hooks=FlushHooks(),
+                on_done=done.append,
+                idle_probe_s=0.05,
+            )
+            return lvl, done, prompts
 
-    lvl, done = asyncio.run(go())
+    lvl, done, prompts = asyncio.run(go())
     df = lvl.records
     assert list(df.columns) == list(RECORD_COLUMNS)
-    assert len(df) == 18 and len(done) == 18  # warm-up requests are not recorded
-    assert sorted(df["repeat"].unique()) == [0, 1]
+    assert len(df) == 2 * (3 + 9) and len(done) == 24  # warm-up requests are not recorded
     assert df["ok"].all(), df["error"].tolist()
-    # same prompts in the same order in every repeat
-    assert df[df.repeat == 0]["prompt_index"].tolist() == df[df.repeat == 1]["prompt_index"].tolist()
-    assert df["request_index"].tolist() == list(range(9)) * 2
     for _, rep in df.groupby("repeat"):
+        ramp = rep[rep["ramp"]].sort_values("slot")
+        assert ramp["slot"].tolist() == [0, 1, 2]
+        assert ramp["expected_output_tokens"].tolist() == [ramp_length(6, k, 3) for k in range(3)] == [2, 4, 6]
+        assert (rep[~rep["ramp"]]["expected_output_tokens"] == 6).all()
         assert rep["send_s"].min() == 0.0  # times relative to each repeat's t0
-        events = sorted([(s, 1) for s in rep.send_s] + [(e, -1) for e in rep.end_s], key=lambda x: (x[0], x[1]))
-        for _, d in events:
-            in_flight["now"] += d
-            in_flight["max"] = max(in_flight["max"], in_flight["now"])
-    assert in_flight["max"] == 3
-    assert [r.flush for r in lvl.repeats] == ["flushed", "flushed"]
+        assert in_flight_max(rep) == 3
+        assert set(rep["slot"]) == {0, 1, 2}
+        assert rep["request_index"].tolist() == list(range(12))
+    # every prompt the server saw is distinct: warm-up, repeat 0 and repeat 1 each have their own set
+    assert len(seen) == 2 + 24 and len(set(seen)) == len(seen)
+    assert [r.cache_reset for r in lvl.repeats] == ["flushed", "flushed"]
     assert flush.calls == 4  # two 400s (busy) retried, then 200 per repeat
-    assert all(len(r.lag_samples) > 0 for r in lvl.repeats)
+    assert all(len(r.lag_samples) > 0 and len(r.idle_lag_samples) > 0 for r in lvl.repeats)
+    for r in lvl.repeats:
+        assert 0 <= r.client["busy_share"] <= 1.5 and r.client["stamps"]["reads"] > 0
     assert lvl.t0_unix is not None and lvl.t0_unix > 1e9
+    assert prompts.repeats[0].sha256 != prompts.repeats[1].sha256
 
 
-def test_flush_unsupported_and_timeout() -> None:
-    async def go() -> tuple[str, str]:
+def test_level_prompts_are_paired_across_arms_and_disjoint_across_cells() -> None:
+    async def go():  # type: ignore[no-untyped-def]
+        a = await level_prompts(4, 10, repeats=2, n_warmup=2, input_tokens=12, seed=3)
+        b = await level_prompts(4, 10, repeats=2, n_warmup=2, input_tokens=12, seed=3)  # another arm, same cell
+        c = await level_prompts(8, 10, repeats=1, n_warmup=2, input_tokens=12, seed=3)  # another level
+        return a, b, c
+
+    a, b, c = asyncio.run(go())
+    assert [s.prompts for s in a.repeats] == [s.prompts for s in b.repeats]  # paired comparison
+    every = a.warmup.prompts + [p for s in a.repeats for p in s.prompts] + [p for s in c.repeats for p in s.prompts]
+    assert len(set(every)) == len(every)
+    firsts = [p.split()[0] for p in every]
+    assert len(set(firsts)) == len(firsts)  # no shared first word: no shared cached prefix
+    assert a.describe()["prompts_unique"] and len(a.describe()["prompt_sets"]) == 2
+
+
+def test_output_length_distribution_is_seeded_and_paired() -> None:
+    async def go():  # type: ignore[no-untyped-def]
+        return [await level_prompts(2, 50, 1, 0, 8, seed=5, output={"uniform": [10, 20]}) for _ in range(2)]
+
+    a, b = asyncio.run(go())
+    outs = a.repeats[0].output_tokens
+    assert outs == b.repeats[0].output_tokens
+    assert all(10 <= o <= 20 for o in outs) and len(set(outs)) > 3
+
+
+def test_cache_reset_outcomes() -> None:
+    async def go() -> tuple[str, str, str]:
         async with fake_server() as url, aiohttp.ClientSession() as s:
-            a = await flush_cache(s, url, timeout_s=1)
+            a = await post_flush_cache(s, url, timeout_s=1)
+            c = await post_reset_prefix_cache(s, url, timeout_s=1)
         async with fake_server(FlushState(busy=10**6)) as url, aiohttp.ClientSession() as s:
-            b = await flush_cache(s, url, timeout_s=0.5, retry_s=0.05)
-        return a, b
+            b = await post_flush_cache(s, url, timeout_s=0.5, retry_s=0.05)
+        return a, b, c
 
-    assert asyncio.run(go()) == ("unsupported", "timeout")
+    assert asyncio.run(go()) == ("unsupported", "timeout", "unsupported")
+
+
+def test_duration_mode_stops_issuing_after_the_duration() -> None:
+    async def go():  # type: ignore[no-untyped-def]
+        async with fake_server() as url:
+            prompts = await level_prompts(2, 2 + 400, 1, 0, 8, seed=0)
+            return await measure_level(RequestSpec(url=url), 2, 400, prompts, 30, duration_s=0.3, idle_probe_s=0.0)
+
+    lvl = asyncio.run(go())
+    df = lvl.records
+    assert 2 < len(df) < 402  # far fewer than the cap
+    assert df["send_s"].max() <= 0.3 + 0.05
 
 
 def test_prompts_seeded_exact_and_hashed() -> None:
@@ -99,22 +178,22 @@ def test_prompts_file(tmp_path: Path) -> None:
 def test_per_prompt_output_tokens_are_used(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a b c", "output_tokens": 5}\n{"prompt": "d e f"}\n')
-    ps = load_prompts_file(f)
 
     async def go():  # type: ignore[no-untyped-def]
+        prompts = await level_prompts(1, 2, 1, 0, 3, prompts_file=f)
         async with fake_server() as url:
-            return await measure_level(RequestSpec(url=url), 1, 2, ps, 7, flush=False)
+            return await measure_level(RequestSpec(url=url), 1, 2, prompts, 7, stagger=False, idle_probe_s=0)
 
     df = asyncio.run(go()).records
-    assert df["expected_output_tokens"].tolist() == [5, 7]
-    assert df["output_tokens"].tolist() == [5, 7]
+    assert sorted(df["expected_output_tokens"].tolist()) == [5, 7]
+    assert (df["output_tokens"] == df["expected_output_tokens"]).all()
 
 
 def test_bench_cli_writes_cells(tmp_path: Path) -> None:
     out = tmp_path / "bench"
 
     async def go() -> int:
-        async with fake_server(FlushState()) as url:
+        async with fake_server(FlushState()) as url:  # a fake SGLang: /flush_cache answers
             p = bench.argparse.ArgumentParser()
             bench.add_arguments(p)
             args = p.parse_args(
@@ -123,8 +202,6 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
                     url,
                     "--concurrency",
                     "1,2",
-                    "--requests-floor",
-                    "3",
                     "--input-tokens",
                     "10",
                     "--output-tokens",
@@ -133,8 +210,10 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
                     "1",
                     "--out",
                     str(out),
-                    "--max-loop-lag-ms",
-                    "1000",
+                    "--max-client-wait-share",
+                    "1",
+                    "--engine",
+                    "sglang",
                     "--slo-ttft-ms",
                     "1000",
                 ]
@@ -142,21 +221,20 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
             return await bench._bench(args)
 
     rc = asyncio.run(go())
-    for c, n in ((1, 3), (2, 4)):
+    for c, n in ((1, 8), (2, 8)):  # the schema's floor of 8 measured requests, plus C ramp requests
         df = pd.read_parquet(out / f"c{c}" / "requests.parquet")
-        assert len(df) == n and list(df.columns) == list(RECORD_COLUMNS)
+        assert len(df) == n + c and list(df.columns) == list(RECORD_COLUMNS)
+        assert int(df["ramp"].sum()) == c
         assert isinstance(df["chunk_tokens"][0].tolist(), list)
         s = json.loads((out / f"c{c}" / "summary.json").read_text())
         assert s["concurrency"] == c
         assert s["workload"]["prompt_tokenizer"] == "server" and len(s["workload"]["prompt_set_sha256"]) == 64
-        assert s["metrics"]["ttft_ms"]["n"] == n
+        assert s["metrics"]["ttft_ms"]["n"] == n  # measured requests only
         assert s["metrics"]["goodput_rps"] is not None
-        assert s["repeats"][0]["cache_flush"] == "flushed"
+        assert s["repeats"][0]["cache_reset"] == "flushed"
+        assert s["validity"]["valid"], s["validity"]
     assert not list(out.rglob("*.tmp"))
-    assert rc in (
-        0,
-        1,
-    )  # validity depends on timing of this shared machine; the files are what is tested here
+    assert rc == 0
 
 
 def test_request_count() -> None:
@@ -171,15 +249,15 @@ def test_request_count() -> None:
 def test_write_cell_replaces_atomically(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from specsweep.client.loadgen import RECORD_TYPES, records_frame
+    from specsweep.client.loadgen import RECORD_SCHEMA, records_frame
 
     df = records_frame([], 0.0, 0)
-    bench.write_cell(tmp_path, df, {"a": float("nan")})
-    bench.write_cell(tmp_path, df, {"a": 1.0})
+    write_cell(tmp_path, df, {"a": float("nan")})
+    write_cell(tmp_path, df, {"a": 1.0})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"a": 1.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "summary.json"]
     schema = pq.read_schema(tmp_path / "requests.parquet")
-    assert {f.name: f.type for f in schema} == RECORD_TYPES  # one schema, even for an empty cell
+    assert [(f.name, f.type) for f in schema] == [(f.name, f.type) for f in RECORD_SCHEMA]  # even when empty
 
 
 def test_progress_line_on_a_terminal() -> None:
@@ -202,5 +280,7 @@ def test_progress_line_on_a_terminal() -> None:
 
 def test_public_api_imports() -> None:
     import specsweep.client as client
+    import specsweep.summary as summary
 
-    assert callable(client.measure_level) and callable(client.write_cell) and callable(client.level_summary)
+    assert all(callable(getattr(client, name)) for name in client.__all__ if name[0].islower())
+    assert callable(summary.level_summary) and callable(summary.write_cell)

@@ -175,4 +175,5 @@ def test_arm_server_args_and_arm_env_reach_real_engines(engine: str) -> None:
     base = e.server_spec(variant, "base", {"speculative": False}, "127.0.0.1", 1, "py")
     assert spec.argv[-4:] == ["--v", flag, "EAGLE3", "--x"]
     assert "--x" not in base.argv
-    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "A": "1", "B": "2"} and "B" not in base.env
+    launcher_env = {"VLLM_SERVER_DEV_MODE": "1"} if engine == "vllm" else {}  # /reset_prefix_cache
+    assert spec.env == {**launcher_env, "CUDA_VISIBLE_DEVICES": "0,1", "A": "1", "B": "2"} and "B" not in base.env

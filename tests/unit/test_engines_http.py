@@ -14,6 +14,8 @@ from aiohttp import web
 
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
+from specsweep.engines.prometheus import samples
+from specsweep.metrics import accept_length_from_counters
 
 pytestmark = pytest.mark.unit
 
@@ -116,41 +118,83 @@ def test_sglang_server_info_unavailable_is_empty() -> None:
     assert run([], closed) == {}
 
 
-def test_sglang_spec_counters_none() -> None:
-    assert asyncio.run(sglang_mod.SGLangEngine().spec_counters(None, "http://127.0.0.1:9")) is None
+def test_sglang_counters_none_and_flush_is_its_reset() -> None:
+    assert asyncio.run(sglang_mod.SGLangEngine().counters(None, "http://127.0.0.1:9")) is None
+    calls = {"n": 0}
+
+    async def flush(request: web.Request) -> web.Response:
+        calls["n"] += 1
+        return web.Response(status=400 if calls["n"] == 1 else 200, text="busy" if calls["n"] == 1 else "ok")
+
+    got = run([web.post("/flush_cache", flush)], lambda url, s: sglang_mod.SGLangEngine().reset_cache(s, url))
+    assert got == "flushed" and calls["n"] == 2
 
 
-def test_vllm_spec_counters_from_metrics() -> None:
+def test_vllm_counters_from_metrics() -> None:
+    text = (
+        METRICS + 'vllm:prefix_cache_queries_total{engine="0"} 640.0\nvllm:prefix_cache_hits_total{engine="0"} 32.0\n'
+    )
+
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=METRICS, content_type="text/plain")
+        return web.Response(text=text, content_type="text/plain")
 
-    got = run([web.get("/metrics", metrics)], lambda url, s: vllm_mod.VLLMEngine().spec_counters(s, url))
+    got = run([web.get("/metrics", metrics)], lambda url, s: vllm_mod.VLLMEngine().counters(s, url))
     assert got["num_drafts"] == 120.0  # summed over label sets
     assert got["num_draft_tokens"] == 324.0
     assert got["num_accepted_tokens"] == 220.0  # the _per_pos_ series is a different metric
-    assert got["running"] == 3.0 and got["waiting"] == 1.0
-    assert got["spec_decode_present"] == 1.0
+    assert got["prefix_cache_queries"] == 640.0 and got["prefix_cache_hits"] == 32.0
 
 
-def test_vllm_spec_counters_baseline_and_failure() -> None:
+def test_vllm_counters_baseline_and_failure() -> None:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=BASELINE_METRICS, content_type="text/plain")
 
-    got = run([web.get("/metrics", metrics)], lambda url, s: vllm_mod.VLLMEngine().spec_counters(s, url))
-    assert got["num_drafts"] == 0.0 and got["spec_decode_present"] == 0.0 and got["running"] == 0.0
-    assert run([], lambda url, s: vllm_mod.VLLMEngine().spec_counters(s, url)) == {}  # 404
+    got = run([web.get("/metrics", metrics)], lambda url, s: vllm_mod.VLLMEngine().counters(s, url))
+    assert got == {}  # a server without speculation exports no spec-decode counters
+    # a failed read is None, never {}: an empty dict would act as a zero baseline and turn the server's
+    # totals since start into one cell's deltas
+    assert run([], lambda url, s: vllm_mod.VLLMEngine().counters(s, url)) is None  # 404
+    assert asyncio.run(_closed_counters()) is None  # nothing listening
+
+
+async def _closed_counters() -> Any:
+    async with aiohttp.ClientSession() as s:
+        return await vllm_mod.VLLMEngine().counters(s, "http://127.0.0.1:9")
+
+
+def test_vllm_reset_prefix_cache_retries_until_success() -> None:
+    calls = {"n": 0}
+
+    async def reset(request: web.Request) -> web.Response:
+        calls["n"] += 1
+        return web.json_response({"success": calls["n"] >= 3})  # blocks still held twice
+
+    got = run([web.post("/reset_prefix_cache", reset)], lambda url, s: vllm_mod.VLLMEngine().reset_cache(s, url))
+    assert got == "reset" and calls["n"] == 3
+    # without VLLM_SERVER_DEV_MODE the route does not exist: said so, not hidden
+    assert run([], lambda url, s: vllm_mod.VLLMEngine().reset_cache(s, url)) == "unsupported"
+
+
+def test_vllm_launch_env_enables_reset_and_binds_omp_threads() -> None:
+    spec = vllm_mod.VLLMEngine().server_spec({"model": "/m", "cpus": "0-2"}, "baseline", {}, "127.0.0.1", 5, "py")
+    assert spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2" and spec.cpus == (0, 1, 2)
+    own = {"model": "/m", "cpus": "0", "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}
+    assert vllm_mod.VLLMEngine().server_spec(own, "b", {}, "h", 5, "py").env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    gpu = vllm_mod.VLLMEngine().server_spec({"model": "/m", "cpus": "0", "gpus": "0"}, "b", {}, "h", 5, "py")
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu.env
 
 
 def test_accept_length_from_deltas() -> None:
-    before = {"num_drafts": 100.0, "num_accepted_tokens": 150.0}
-    after = {"num_drafts": 200.0, "num_accepted_tokens": 350.0}
-    assert vllm_mod.accept_length(before, after) == pytest.approx(3.0)
-    assert math.isnan(vllm_mod.accept_length(after, after))
+    before = {"num_drafts": 100.0, "num_accepted_tokens": 150.0, "num_draft_tokens": 300.0}
+    after = {"num_drafts": 200.0, "num_accepted_tokens": 350.0, "num_draft_tokens": 600.0}
+    assert accept_length_from_counters(before, after)["accept_length"] == pytest.approx(3.0)
+    assert accept_length_from_counters(after, after)["accept_length"] is None
 
 
 def test_parse_prometheus_edge_cases() -> None:
     text = 'a_total 1\na_total{x="1"} 2 1700000000\n# comment\nbad line here\nb NaN\nc{l="a b"} +Inf\n'
-    got = vllm_mod.parse_prometheus(text)
+    got = samples(text)
     assert got["a_total"] == 3.0 and "b" not in got and got["c"] == math.inf
 
 

@@ -8,6 +8,7 @@ import math
 import pandas as pd
 import pytest
 
+from specsweep.config import defaults
 from specsweep.metrics import (
     accept_length_from_counters,
     itl,
@@ -96,14 +97,33 @@ def test_itl_per_token_and_per_chunk() -> None:
 
 
 def test_steady_window_throughput_and_concurrency() -> None:
-    df = cell()
-    assert steady_window(df, 2) == pytest.approx((0.0, 0.6))  # C-th send .. first end after the last send
+    df = good_cell()
+    # from the C-th end (one full turnover, 0.6) to the first end after the last send (0.8 -> 1.0)
+    assert steady_window(df["send_s"], df["end_s"], 2) == pytest.approx((0.6, 1.0))
     m = repeat_metrics(df, 2, lag_samples=LAG_OK)
-    assert m["achieved_concurrency"] == pytest.approx((0.45 + 0.6 + 0.05 + 0.2 - 0.1) / 0.6)
-    assert m["output_tok_s_steady"] == pytest.approx(8 / 0.6)
-    assert m["output_tok_s_total"] == pytest.approx(8 / 0.7)
-    assert m["duration_s"] == pytest.approx(0.7)
-    assert m["request_throughput_rps"] == pytest.approx(2 / 0.7)  # completed ok requests only
+    assert m["steady_window_s"] == pytest.approx(0.4)
+    assert m["output_tok_s_steady"] == pytest.approx(10 / 0.4)  # chunks in [0.6, 1.0], both ends included
+    assert m["achieved_concurrency"] == pytest.approx(2.0)
+    assert m["output_tok_s_total"] == pytest.approx(20 / 1.2)
+    assert m["duration_s"] == pytest.approx(1.2)
+    assert m["request_throughput_rps"] == pytest.approx(5 / 1.2)  # completed ok requests only
+
+
+def test_steady_window_works_on_plain_arrays_and_empty_windows() -> None:
+    # a staggered level of C=2: ramp requests end at 0.5 and 1.0, then the measured ones follow
+    sends = [0.0, 0.0, 0.5, 1.0, 1.5, 2.0]
+    ends = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert steady_window(sends, ends, 2) == pytest.approx((1.0, 2.5))
+    assert steady_window([0.0, 0.0], [1.0, 1.0], 2) == pytest.approx((1.0, 1.0))  # no turnover: empty
+    assert all(math.isnan(x) for x in steady_window([], [], 2))
+
+
+def test_ramp_requests_are_not_measured() -> None:
+    df = good_cell()
+    df["ramp"] = [True, True, False, False, False]
+    m = repeat_metrics(df, 2, lag_samples=LAG_OK)
+    assert m["ttft_ms"]["n"] == 3 and m["n_measured"] == 3
+    assert m["ttft_ms"]["p50"] == pytest.approx(100.0)
 
 
 def test_stats_fields() -> None:
@@ -148,8 +168,17 @@ def test_accept_length_from_counters() -> None:
         accept_length_from_counters(after, before)
 
 
+GATES = defaults("gates")
+QUIET = {"busy_share": 0.05, "wait_share": 0.0, "stamps": {"kernel_share": 1.0}}
+
+
+def one(lag: list[float] = LAG_OK, idle: list[float] | None = None, client: dict | None = None, counters=None):
+    """The per-repeat figures `summarize` takes beside the records (a quiet, kernel-stamping client)."""
+    return [{"lag": lag, "idle_lag": idle or [], "client": client or QUIET, "counters": counters}]
+
+
 def test_errors_and_validity() -> None:
-    s = summarize(cell(), 2, expected_output_tokens=4, lag_samples=[LAG_OK])
+    s = summarize(cell(), 2, GATES, repeats=one())
     err = s["metrics"]["errors"]
     assert err["count"] == 2 and err["rate"] == 0.5
     assert err["by_kind"] == {"http": 1, "short_output": 1}
@@ -161,29 +190,82 @@ def test_errors_and_validity() -> None:
 
 
 def good_cell(repeat: int = 0) -> pd.DataFrame:
+    """C=2, five requests of 4 tokens: slot 0 turns over at 0.4 and 0.8, slot 1 at 0.6."""
     return pd.DataFrame(
         [
             rec(0.0, [0.1, 0.2, 0.4], [1, 2, 1], 0.4, repeat=repeat, idx=0),
             rec(0.0, [0.2, 0.3, 0.5, 0.6], [1, 1, 1, 1], 0.6, repeat=repeat, idx=1),
             rec(0.4, [0.5, 0.6, 0.7, 0.8], [1, 1, 1, 1], 0.8, repeat=repeat, idx=2),
+            rec(0.6, [0.7, 0.8, 0.9, 1.0], [1, 1, 1, 1], 1.0, repeat=repeat, idx=3),
+            rec(0.8, [0.9, 1.0, 1.1, 1.2], [1, 1, 1, 1], 1.2, repeat=repeat, idx=4),
         ]
     )
 
 
+def valid(df: pd.DataFrame, c: int = 2, **kw) -> dict:
+    return summarize(df, c, {**GATES, **kw.pop("gates", {})}, repeats=one(**kw))["validity"]
+
+
 def test_valid_cell_and_cap_flag() -> None:
-    s = summarize(good_cell(), 2, expected_output_tokens=4, lag_samples=[LAG_OK], server_max_running=1)
+    s = summarize(good_cell(), 2, GATES, repeats=one(), server_max_running=1)
     assert s["validity"]["valid"], s["validity"]
     assert any("running-request cap 1" in f for f in s["validity"]["flags"])
 
 
-def test_loop_lag_gate() -> None:
-    lag = [0.001] * 90 + [0.02] * 10
-    s = summarize(good_cell(), 2, lag_samples=[lag])
-    assert not s["validity"]["valid"]
-    assert any("lag p99" in r for r in s["validity"]["reasons"])
-    assert s["metrics"]["loop_lag_ms"]["max"] == pytest.approx(20.0)
-    s = summarize(good_cell(), 2, lag_samples=[lag], gates={"loop_lag_p99_ms": 50})
+def test_short_output_is_judged_per_request_against_its_own_length() -> None:
+    # per-prompt output lengths (a prompts file, a uniform range): a 3-token request asked for 3 is complete,
+    # although the level's nominal length is 4 (the old gate compared every row with the level's scalar)
+    df = good_cell()
+    df.at[2, "chunk_s"], df.at[2, "chunk_tokens"] = [0.5, 0.6, 0.8], [1, 1, 1]
+    df.loc[2, ["output_tokens", "server_output_tokens", "expected_output_tokens"]] = [3, 3, 3]
+    assert valid(df)["valid"], valid(df)
+    df.loc[2, "expected_output_tokens"] = 5  # but one asked for 5 that streamed 3 is short
+    assert any("fewer output tokens" in r for r in valid(df)["reasons"])
+
+
+def test_loop_lag_is_judged_against_idle_jitter_and_only_without_kernel_stamps() -> None:
+    lag = [0.001] * 90 + [0.02] * 10  # p99 20 ms
+    select = {**QUIET, "stamps": {"kernel_share": 0.0}}
+    v = valid(good_cell(), lag=lag, idle=[0.0005] * 100, client=select)
+    assert not v["valid"] and any("above the host's idle" in r for r in v["reasons"])
+    # the same lag on a host whose idle timer is as late (a jittery VM) is no sign of a saturated client
+    assert valid(good_cell(), lag=lag, idle=[0.001] * 90 + [0.019] * 10, client=select)["valid"]
+    # with kernel stamps a late loop delays parsing, not the chunk times
+    assert valid(good_cell(), lag=lag, idle=[0.0005] * 100)["valid"]
+    s = summarize(good_cell(), 2, GATES, repeats=one(lag=lag, idle=[0.0005] * 100, client=select))
+    c = s["repeats"][0]["metrics"]["client"]
+    assert c["loop_lag_ms"]["p99"] == pytest.approx(20.0) and c["idle_lag_ms"]["p99"] == pytest.approx(0.5)
+    assert c["loop_lag_excess_p99_ms"] == pytest.approx(19.5)
+
+
+def test_client_cpu_gates_catch_saturated_and_starved_clients() -> None:
+    v = valid(good_cell(), client={**QUIET, "busy_share": 0.93})
+    assert not v["valid"] and any("client saturated" in r for r in v["reasons"])
+    v = valid(good_cell(), client={**QUIET, "wait_share": 0.4})
+    assert not v["valid"] and any("client starved" in r for r in v["reasons"])
+    v = valid(good_cell(), client={**QUIET, "wait_share": None})
+    assert v["valid"] and any("starvation not checked" in f for f in v["flags"])
+
+
+def test_prefix_cache_hits_invalidate_a_cell() -> None:
+    df = good_cell()
+    df["cached_tokens"] = 0
+    assert valid(df)["valid"]
+    df["cached_tokens"] = 8  # every prompt token came from the cache
+    v = valid(df)
+    assert not v["valid"] and any("prefix-cache hit rate 100.0%" in r for r in v["reasons"])
+    df["cached_tokens"] = -1  # not reported per request: the engine's counters decide
+    before, after = (
+        {"prefix_cache_queries": 100.0, "prefix_cache_hits": 0.0},
+        {
+            "prefix_cache_queries": 140.0,
+            "prefix_cache_hits": 1.0,
+        },
+    )
+    s = summarize(df, 2, GATES, repeats=one(counters=(before, after)))
     assert s["validity"]["valid"]
+    assert s["metrics"]["prefix_cache"] == {"hit_rate": 1 / 40, "hits": 1.0, "queries": 40.0, "source": "counters"}
+    assert any("isolation not checked" in f for f in valid(df)["flags"])
 
 
 def test_achieved_concurrency_gate() -> None:
@@ -191,30 +273,47 @@ def test_achieved_concurrency_gate() -> None:
     df = pd.DataFrame(
         [
             rec(0.0, [0.5, 1.0], [2, 2], 1.0, idx=0),
-            rec(0.0, [0.5, 1.0], [2, 2], 1.0, idx=1),
+            rec(0.0, [0.5, 1.0], [2, 2], 1.1, idx=1),
             rec(1.5, [2.0, 2.5], [2, 2], 2.5, idx=2),
-            rec(1.5, [2.0, 2.5], [2, 2], 2.5, idx=3),
+            rec(1.6, [2.0, 2.5], [2, 2], 2.6, idx=3),
+            rec(3.0, [3.5, 4.0], [2, 2], 4.0, idx=4),
         ]
     )
-    s = summarize(df, 2, lag_samples=[LAG_OK])
-    assert s["metrics"]["achieved_concurrency"] == pytest.approx(4 / 2.5)
+    df["slot"] = [0, 1, 0, 1, 0]
+    s = summarize(df, 2, GATES, repeats=one())
     assert any("achieved concurrency" in r for r in s["validity"]["reasons"])
+    assert s["repeats"][0]["metrics"]["client"]["reissue_delay_ms"]["max"] == pytest.approx(500.0)
 
 
 def test_repeats_pooled_and_per_repeat() -> None:
     df = pd.concat([good_cell(0), good_cell(1)], ignore_index=True)
-    s = summarize(df, 2, lag_samples=[LAG_OK, LAG_OK])
+    s = summarize(df, 2, GATES, repeats=one() * 2)
     assert len(s["repeats"]) == 2 and s["metrics"]["n_repeats"] == 2
-    assert s["metrics"]["ttft_ms"]["n"] == 6  # distributions pooled over repeats
-    one = s["repeats"][0]["metrics"]["output_tok_s_steady"]
-    assert s["metrics"]["output_tok_s_steady"] == pytest.approx(one)  # scalar: mean over repeats
+    assert s["metrics"]["ttft_ms"]["n"] == 10  # distributions pooled over repeats
+    one_rep = s["repeats"][0]["metrics"]["output_tok_s_steady"]
+    assert s["metrics"]["output_tok_s_steady"] == pytest.approx(one_rep)  # scalar: mean over repeats
     assert s["metrics"]["repeat_spread"]["output_tok_s_steady"]["std"] == pytest.approx(0.0)
     assert s["validity"]["valid"]
     json.dumps(jsonable(s), allow_nan=False)
 
 
+def test_counters_are_summed_over_repeats() -> None:
+    df = pd.concat([good_cell(0), good_cell(1)], ignore_index=True)
+    c1 = (
+        {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0},
+        {"num_drafts": 10.0, "num_draft_tokens": 30.0, "num_accepted_tokens": 10.0},
+    )
+    c2 = (
+        {"num_drafts": 10.0, "num_draft_tokens": 30.0, "num_accepted_tokens": 10.0},
+        {"num_drafts": 20.0, "num_draft_tokens": 60.0, "num_accepted_tokens": 40.0},
+    )
+    s = summarize(df, 2, GATES, repeats=[one(counters=c1)[0], one(counters=c2)[0]])
+    assert s["metrics"]["spec_counters"]["num_drafts"] == 20.0
+    assert s["metrics"]["accept_length"] == pytest.approx(1 + 40 / 20)
+
+
 def test_summary_is_strict_json_with_failures() -> None:
-    s = jsonable(summarize(cell(), 2, lag_samples=[[]]))
+    s = jsonable(summarize(cell(), 2, GATES, repeats=one(lag=[])))
     text = json.dumps(s, allow_nan=False)
     assert "NaN" not in text
     assert any("no loop-lag samples" in f for f in s["validity"]["flags"])

@@ -136,6 +136,7 @@ def test_openai_completions_stream_with_usage_and_timestamps():
             "prompt_tokens": 3,
             "completion_tokens": 9,
             "total_tokens": 12,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
         content = chunks[:-2]
         text = "".join(o["choices"][0]["text"] for o in content)
@@ -163,7 +164,12 @@ def test_openai_chat_stream_and_non_stream():
         assert out["choices"][0]["message"]["content"].split() == ["tok0", "tok1", "tok2", "tok3"]
         assert out["usage"]["completion_tokens"] == 4
         out = await (await c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})).json()
-        assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+        assert out["usage"] == {
+            "prompt_tokens": 2,
+            "completion_tokens": 2,
+            "total_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
 
     with_client(go)
 
@@ -182,6 +188,32 @@ def test_flush_cache_400_while_busy_200_when_idle():
         assert resp.status == 200
         assert (await c.post("/flush_cache")).status == 200
         assert (await c.get("/flush_cache")).status == 200
+
+    with_client(go)
+
+
+def test_prefix_cache_hits_a_repeated_prompt_until_reset():
+    """A resent prompt is served from the prefix cache (as in vLLM and SGLang): shorter prefill, counted hits;
+    /flush_cache (SGLang) and /reset_prefix_cache (vLLM) empty it."""
+    prompt = " ".join(f"w{i}" for i in range(40))  # two full 16-token blocks and a partial one
+
+    async def cached(c: TestClient) -> int:
+        body = {"text": prompt, "sampling_params": {"max_new_tokens": 2}, "stream": False}
+        return (await (await c.post("/generate", json=body)).json())["meta_info"]["cached_tokens"]
+
+    async def go(c: TestClient, sim: SimServer):
+        assert await cached(c) == 0
+        assert await cached(c) == 32
+        metrics = await (await c.get("/metrics")).text()
+        assert "vllm:prefix_cache_queries_total" in metrics and sim.prefix_cache.hits == 32
+        assert sim.prefix_cache.queries == 80
+        assert (await c.post("/flush_cache")).status == 200
+        assert await cached(c) == 0
+        assert await (await c.post("/reset_prefix_cache")).json() == {"success": True}
+        assert await cached(c) == 0
+        other = {"prompt": "x " + prompt, "max_tokens": 2}  # a different first token: no shared prefix
+        usage = (await (await c.post("/v1/completions", json=other)).json())["usage"]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
 
     with_client(go)
 

@@ -18,28 +18,18 @@ from typing import Any
 
 from specsweep import servers
 from specsweep.client.backends import RequestSpec
-from specsweep.client.bench import level_summary, write_cell
-from specsweep.client.loadgen import measure_level, new_session, run_closed_loop
-from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
+from specsweep.client.cpu import CpuPlan, format_cpus, pin_self, plan_cpus
+from specsweep.client.loadgen import measure_level, new_session
+from specsweep.client.prompts import LevelPrompts, level_prompts
 from specsweep.config import variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
-
-SCHEMA_VERSION = 1
+from specsweep.summary import SCHEMA_VERSION, cell_key, level_summary, write_cell
 
 
 class CellError(RuntimeError):
     """The cell could not be measured; the message says why and what to do."""
-
-
-def gates_for_metrics(gates: dict[str, Any]) -> dict[str, float]:
-    """Config gate names -> the metrics module's names."""
-    return {
-        "loop_lag_p99_ms": float(gates.get("max_loop_lag_p99_ms", 5.0)),
-        "min_concurrency_fraction": float(gates.get("min_achieved_concurrency_ratio", 0.95)),
-        "max_error_rate": float(gates.get("max_error_rate", 0.0)),
-    }
 
 
 def resolve_variant(spec: dict[str, Any], env_fp: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -75,20 +65,29 @@ def api_key_for(variant: dict[str, Any]) -> str | None:
     return value
 
 
+def fixed_output_tokens(output: Any) -> int:
+    """The level's nominal output length: the fixed value, or the top of a uniform range (per-request lengths
+    are then drawn into the prompt sets, so this is only a fallback)."""
+    return int(output) if isinstance(output, int) else int(max(output["uniform"]))
+
+
 async def build_prompts(
     spec: dict[str, Any], url: str, headers: dict[str, str] | None, tokenizer_path: str | None
-) -> PromptSet:
+) -> LevelPrompts:
+    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level."""
     workload = spec["workload"]
-    n = spec["n_requests"] + workload["warmup_requests"]
-    if workload.get("prompts_file"):
-        path = Path(workload["prompts_file"])
-        if not path.is_file():
-            raise CellError(f"workload.prompts_file {path} does not exist; fix the path or set it to null")
-        return load_prompts_file(path, n)
-    return await make_prompts_auto(
-        n,
+    if workload.get("prompts_file") and not Path(workload["prompts_file"]).is_file():
+        raise CellError(f"workload.prompts_file {workload['prompts_file']} does not exist; fix the path or set null")
+    ramp = spec["concurrency"] if workload["stagger"] else 0
+    return await level_prompts(
+        spec["concurrency"],
+        spec["n_requests"] + ramp,
+        spec["repeats"],
+        workload["warmup_requests"],
         workload["input_tokens"],
         workload["seed"],
+        workload["output_tokens"],
+        workload.get("prompts_file"),
         url=url,
         tokenizer_path=tokenizer_path,
         headers=headers,
@@ -102,8 +101,10 @@ async def measure(
     engine: Any,
     api_key: str | None,
     tokenizer_path: str | None,
+    plan: CpuPlan,
+    server_pid: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Warm up, snapshot counters, measure all repeats, snapshot counters; returns (records, summary)."""
+    """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
     workload = spec["workload"]
     concurrency, n_requests = spec["concurrency"], spec["n_requests"]
     req = RequestSpec(
@@ -117,40 +118,26 @@ async def measure(
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     prompts = await build_prompts(spec, url, headers, tokenizer_path)
+    started = time.monotonic()
     async with new_session(concurrency) as session:
         info = await engine.server_info(session, url)
-        warmup = workload["warmup_requests"]
-        warmup_errors = 0
-        if warmup:
-            # Warm-up prompts come after the measured ones, so the measured prompts meet a cold cache.
-            recs = await run_closed_loop(
-                session,
-                req,
-                prompts,
-                workload["output_tokens"],
-                min(concurrency, warmup),
-                warmup,
-                prompt_offset=n_requests,
-            )
-            warmup_errors = sum(not r.ok for r in recs)
-        use_counters = spec["arm"]["speculative"] and (server.engine == "vllm" or req.backend == "openai")
-        before = await engine.spec_counters(session, url) if use_counters else None
-        started = time.monotonic()
         level = await measure_level(
             req,
             concurrency,
             n_requests,
             prompts,
-            workload["output_tokens"],
-            warmup=0,
+            fixed_output_tokens(workload["output_tokens"]),
+            warmup=workload["warmup_requests"],
             repeats=spec["repeats"],
-            flush=True,
+            stagger=workload["stagger"],
+            duration_s=workload["requests"].get("duration_s"),
+            hooks=engine,
+            server_pid=server_pid,
+            watch_cpus=plan.watched,
+            idle_probe_s=spec["client"]["idle_probe_s"],
             session=session,
         )
-        measured_s = time.monotonic() - started
-        after = await engine.spec_counters(session, url) if use_counters else None
-    level.warmup_errors = warmup_errors
-    counters = (before, after) if before is not None and after is not None else None
+    measured_s = time.monotonic() - started
     max_running = info.get("max_running_requests") if isinstance(info, dict) else None
     slos = {k: v for k, v in spec["slo"].items() if v is not None}
     summary = level_summary(
@@ -158,15 +145,23 @@ async def measure(
         prompts,
         req,
         workload["output_tokens"],
+        spec["gates"],
         slos,
-        gates_for_metrics(spec["gates"]),
         int(max_running) if isinstance(max_running, int | float) else None,
-        counters,
+        client_cpus=format_cpus(plan.client),
     )
     summary["workload"].update(
-        {"input_tokens": workload["input_tokens"], "seed": workload["seed"], "warmup_requests": warmup}
+        {
+            "input_tokens": workload["input_tokens"],
+            "seed": workload["seed"],
+            "warmup_requests": workload["warmup_requests"],
+            "duration_s": workload["requests"].get("duration_s"),
+        }
     )
     summary["measured_s"] = measured_s
+    summary["cpus"] = plan.as_dict()
+    if plan.note:
+        summary["validity"]["flags"].append(plan.note)
     summary["server_info"] = info
     return level.records, summary
 
@@ -174,6 +169,11 @@ async def measure(
 def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path) -> dict:
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
+    try:
+        plan = plan_cpus(spec["client"]["cpus"], variant.get("cpus", "auto"))
+    except ValueError as e:
+        raise CellError(f"{e}; fix client.cpus or variants.{spec['variant_name']}.cpus") from None
+    variant = {**variant, "cpus": plan.server}
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
     check_model(variant)
@@ -190,8 +190,11 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
     with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
         server_ready_s = time.monotonic() - t_ask
         server = make_spec(rec.port)
-        records, summary = asyncio.run(measure(spec, server, rec.base_url, engine, api_key, tokenizer_path))
-    key = f"{spec['experiment']}/{spec['variant_name']}/{arm_name}/c{spec['concurrency']}"
+        pin_self(plan.client)
+        records, summary = asyncio.run(
+            measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
+        )
+    key = cell_key(spec["experiment"], spec["variant_name"], arm_name, spec["concurrency"])
     summary.update(
         {
             "schema_version": SCHEMA_VERSION,

@@ -42,6 +42,15 @@ def _schema() -> dict[str, Any]:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+def defaults(*section: str) -> dict[str, Any]:
+    """The schema's defaults of one section (e.g. 'gates', or 'workload', 'requests'): the one home of every
+    default, so the `bench` command and the pipeline judge cells by the same numbers."""
+    node = _schema()
+    for name in section:
+        node = node["properties"][name]
+    return {k: copy.deepcopy(v["default"]) for k, v in node["properties"].items() if "default" in v}
+
+
 def _describe(error: Any) -> str:
     where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
     msg = error.message
@@ -120,7 +129,8 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def request_count(concurrency: int, per_concurrency: float, floor: int, maximum: int | None = None) -> int:
-    """Requests at one level: at least 2*C so every slot turns over, at least the floor, at most `maximum`."""
+    """Measured requests at one level (after its C ramp requests): per_concurrency turnovers of every slot, at
+    least 2*C so the steady window holds a full turnover, at least the floor, at most `maximum`."""
     n = max(int(floor), int(round(per_concurrency * concurrency)), 2 * concurrency)
     return min(n, int(maximum)) if maximum else n
 
@@ -184,6 +194,7 @@ def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) 
         "n_requests": requests_for(config, int(concurrency)),
         "repeats": config["repeats"],
         "workload": config["workload"],
+        "client": config["client"],
         "gates": config["gates"],
         "slo": config["slo"],
     }

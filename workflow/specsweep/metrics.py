@@ -15,11 +15,6 @@ import pandas as pd
 
 STAT_KEYS = ("mean", "std", "min", "max", "p50", "p90", "p95", "p99")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
-DEFAULT_GATES: dict[str, float] = {
-    "loop_lag_p99_ms": 5.0,  # client event loop later than this at p99: timestamps are client delay
-    "min_concurrency_fraction": 0.95,  # achieved concurrency below this share of C: not a closed loop at C
-    "max_error_rate": 0.0,  # failed share of requests above this: invalid
-}
 # Scalars that are properties of a whole repeat (not of a request): pooled as the mean over repeats.
 REPEAT_SCALARS = (
     "duration_s",
@@ -30,6 +25,8 @@ REPEAT_SCALARS = (
     "goodput_rps",
     "achieved_concurrency",
 )
+# A repeat whose chunks were kernel-stamped in at least this share of reads: loop lag cannot move its stamps.
+KERNEL_STAMPED = 0.99
 
 
 def stats(values: Iterable[float] | np.ndarray, scale: float = 1.0) -> dict[str, float | int | None]:
@@ -54,11 +51,19 @@ def stats(values: Iterable[float] | np.ndarray, scale: float = 1.0) -> dict[str,
     return out
 
 
-def per_request(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-request latencies in seconds: ttft, e2e, tpot (NaN for < 2 tokens), tok_s (output_tokens / e2e).
+def measured(df: pd.DataFrame) -> np.ndarray:
+    """Rows that are measured requests: not the ramp requests that stagger the slots (older records: all)."""
+    if "ramp" not in df:
+        return np.ones(len(df), dtype=bool)
+    return ~df["ramp"].to_numpy(dtype=bool)
 
-    E2E ends at the last token-carrying chunk, not at the stream's close, so a trailing usage/[DONE] line does
-    not count as decode time.
+
+def per_request(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-request times in seconds: ttft, e2e, tpot (NaN for < 2 tokens), tok_s (output_tokens / e2e), busy.
+
+    The one definition used by the metrics, the analysis's bootstrap and the simulator's checks. E2E ends at the
+    last token-carrying chunk, not at the stream's close, so a trailing usage/[DONE] line does not count as
+    decode time; `busy` (end - send) is how long the request held its client slot.
     """
     last = np.array([c[-1] if len(c) else np.nan for c in df["chunk_s"]], dtype=float)
     send = df["send_s"].to_numpy(dtype=float)
@@ -68,7 +73,8 @@ def per_request(df: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(out_tok >= 2, (e2e - ttft) / (out_tok - 1), np.nan)
         tok_s = np.where((out_tok > 0) & (e2e > 0), out_tok / e2e, np.nan)
-    return pd.DataFrame({"ttft": ttft, "e2e": e2e, "tpot": tpot, "tok_s": tok_s}, index=df.index)
+    busy = df["end_s"].to_numpy(dtype=float) - send
+    return pd.DataFrame({"ttft": ttft, "e2e": e2e, "tpot": tpot, "tok_s": tok_s, "busy": busy}, index=df.index)
 
 
 def itl(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -91,24 +97,42 @@ def itl(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return (cat(per_token) if per_token else np.empty(0)), (cat(per_chunk) if per_chunk else np.empty(0))
 
 
-def steady_window(df: pd.DataFrame, concurrency: int) -> tuple[float, float]:
-    """[start, end] when all C slots are busy: from the C-th send to the first end after the last send.
+def steady_window(send_s: Any, end_s: Any, concurrency: int) -> tuple[float, float]:
+    """[start, end] of a closed-loop level's steady window, from plain arrays of send and end times.
 
-    In a closed loop every end before the last send is followed at once by a new send, so in-flight stays at C
-    until the requests run out; the first request to end after the last send is the first slot left empty.
-    With fewer requests than C the window starts at the last send (achieved concurrency shows the shortfall).
+    start: the C-th request end, i.e. one full turnover of the C slots after the first sends (with staggered
+    slots, the end of the last ramp request), so the initial burst of C prefills is left out. end: the first
+    end after the last send, the first slot left empty because the requests ran out. In between, every end is
+    followed at once by a new send, so C requests are in flight unless the client falls behind. The one
+    definition used by the metrics, `predict` and the simulator's load check (docs/metrics.md). An empty
+    window (too few requests for a full turnover) is returned as (start, start).
     """
-    sends = np.sort(df["send_s"].to_numpy(dtype=float))
+    sends = np.asarray(send_s, dtype=float)
     sends = sends[np.isfinite(sends)]
-    ends = df["end_s"].to_numpy(dtype=float)
+    ends = np.sort(np.asarray(end_s, dtype=float))
     ends = ends[np.isfinite(ends)]
     if sends.size == 0 or ends.size == 0:
         return (math.nan, math.nan)
-    start = sends[min(concurrency, sends.size) - 1]
-    last_send = sends[-1]
-    after = ends[ends > last_send]
+    start = float(ends[min(concurrency, ends.size) - 1])
+    after = ends[ends > sends.max()]
     end = float(after.min()) if after.size else float(ends.max())
-    return float(start), max(end, float(start))
+    return start, max(end, start)
+
+
+def reissue_delays(df: pd.DataFrame) -> np.ndarray:
+    """Per slot, the gap between a request's end and the slot's next send: the closed loop's fidelity.
+
+    In a closed loop in-flight drops below C only inside these gaps, which is why achieved concurrency is the
+    gate on them; the raw gaps are kept as well. Empty for records without slots.
+    """
+    if "slot" not in df or df.empty:
+        return np.empty(0)
+    out = []
+    for _, g in df[df["slot"] >= 0].groupby("slot"):
+        g = g.sort_values("send_s")
+        out.append(g["send_s"].to_numpy(dtype=float)[1:] - g["end_s"].to_numpy(dtype=float)[:-1])
+    a = np.concatenate(out) if out else np.empty(0)
+    return a[np.isfinite(a)]
 
 
 def mean_in_flight(df: pd.DataFrame, start: float, end: float) -> float:
@@ -217,36 +241,102 @@ def errors_summary(df: pd.DataFrame, max_messages: int = 3) -> dict[str, Any]:
     }
 
 
+def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """after - before for every counter both snapshots have; a counter going backwards means a restart."""
+    d = {k: float(after[k]) - float(before[k]) for k in after if k in before}
+    if any(v < 0 for v in d.values()):
+        raise ValueError(f"counter went backwards (server restarted?): {d}")
+    return d
+
+
+def prefix_cache(df: pd.DataFrame, deltas: Mapping[str, float] | None) -> dict[str, Any]:
+    """Share of prompt tokens the engine served from its prefix cache during one repeat.
+
+    From the requests' own `cached_tokens` (SGLang meta_info, OpenAI usage details) when every successful
+    request reports it, else from the engine's counter deltas (vLLM prefix_cache_hits / _queries), else
+    unknown. All requests of the repeat count, ramp included: any hit means a cell is not independent.
+    """
+    ok = df[df["ok"]] if "ok" in df else df
+    if "cached_tokens" in ok and len(ok) and (ok["cached_tokens"] >= 0).all():
+        cached, prompt = float(ok["cached_tokens"].sum()), float(ok["input_tokens"].sum())
+        return {
+            "hit_rate": cached / prompt if prompt > 0 else None,
+            "hits": cached,
+            "queries": prompt,
+            "source": "requests",
+        }
+    if deltas and "prefix_cache_queries" in deltas and "prefix_cache_hits" in deltas:
+        q, h = deltas["prefix_cache_queries"], deltas["prefix_cache_hits"]
+        return {"hit_rate": h / q if q > 0 else None, "hits": h, "queries": q, "source": "counters"}
+    return {"hit_rate": None, "hits": None, "queries": None, "source": None}
+
+
+def client_figures(
+    df: pd.DataFrame, lag: Sequence[float], idle_lag: Sequence[float], client: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the client did while measuring: CPU shares, loop lag against the host's idle jitter, stamps, and
+    the closed loop's reissue delays. Raw figures; `validity` judges them."""
+    c = dict(client or {})
+    lag_s, idle_s = stats(lag, 1e3), stats(idle_lag, 1e3)
+    excess = None
+    if lag_s["p99"] is not None:
+        excess = max(0.0, float(lag_s["p99"]) - float(idle_s["p99"] or 0.0))
+    return {
+        "busy_share": c.get("busy_share"),
+        "wait_share": c.get("wait_share"),
+        "foreign_cpu_share": c.get("foreign_cpu_share"),
+        "steal_share": c.get("steal_share"),
+        "server_cpu_cores": c.get("server_cpu_cores"),
+        "cpu_s": c.get("cpu_s"),
+        "wall_s": c.get("wall_s"),
+        "cpus": c.get("cpus"),
+        "transport": c.get("transport"),
+        "stamps": c.get("stamps") or {},
+        "loop_lag_ms": lag_s,
+        "idle_lag_ms": idle_s,
+        "loop_lag_excess_p99_ms": excess,
+        "reissue_delay_ms": stats(reissue_delays(df), 1e3),
+    }
+
+
 def repeat_metrics(
     df: pd.DataFrame,
     concurrency: int,
     slos: Mapping[str, float] | None = None,
     lag_samples: Sequence[float] | None = None,
+    idle_lag_samples: Sequence[float] | None = None,
+    client: Mapping[str, Any] | None = None,
+    counters: tuple[Mapping[str, float], Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """All metrics of one repeat (or of pooled records when `df` holds several repeats; see `summarize`)."""
+    """All metrics of one repeat (or of pooled records when `df` holds several repeats; see `summarize`).
+
+    Latencies and per-request figures are over measured (non-ramp) successful requests; throughput counts
+    every token delivered inside the steady window."""
     pr = per_request(df)
     good = df["ok"].to_numpy(dtype=bool) & (df["output_tokens"].to_numpy() > 0)
-    prg = pr[good]
-    itl_tok, itl_chunk = itl(df[good])
+    meas = good & measured(df)
+    prg = pr[meas]
+    itl_tok, itl_chunk = itl(df[meas])
     sends = df["send_s"].to_numpy(dtype=float)
     ends = df["end_s"].to_numpy(dtype=float)
     first_send = float(np.nanmin(sends)) if len(df) else math.nan
     last_end = float(np.nanmax(ends)) if len(df) else math.nan
     duration = last_end - first_send
-    start, end = steady_window(df, concurrency)
+    start, end = steady_window(sends, ends, concurrency)
     steady = end - start
     total_tokens = int(df["output_tokens"].sum())
     n_ok = int(df["ok"].sum())
     goodput = None
     if slos:
         goodput = float(_meets_slos(prg, slos).sum() / duration) if duration > 0 else None
-    lag = np.asarray(lag_samples if lag_samples is not None else [], dtype=float)
+    deltas = counter_deltas(*counters) if counters is not None else None
 
     def rate(x: float, t: float) -> float | None:
         return float(x / t) if t > 0 and math.isfinite(t) else None
 
-    return {
+    out = {
         "n_requests": int(len(df)),
+        "n_measured": int(measured(df).sum()),
         "n_ok": n_ok,
         "output_tokens_total": total_tokens,
         "duration_s": duration if math.isfinite(duration) else None,
@@ -266,9 +356,13 @@ def repeat_metrics(
         "request_tok_s": stats(prg["tok_s"]),
         "tokens_per_chunk": tokens_per_chunk(df[good]),
         "accept_length": accept_length_from_records(df),
-        "loop_lag_ms": stats(lag, 1e3),
+        "loop_lag_ms": stats(np.asarray(lag_samples if lag_samples is not None else [], dtype=float), 1e3),
+        "client": client_figures(df, lag_samples or [], idle_lag_samples or [], client),
+        "prefix_cache": prefix_cache(df, deltas),
+        "counter_deltas": deltas,
         "errors": errors_summary(df),
     }
+    return out
 
 
 def _f(x: float) -> float | None:
@@ -279,34 +373,73 @@ def validity(
     m: Mapping[str, Any],
     df: pd.DataFrame,
     concurrency: int,
-    gates: Mapping[str, float] | None = None,
+    gates: Mapping[str, float],
     server_max_running: int | None = None,
-    expected_output_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Gates on one repeat's metrics -> {valid, reasons[], flags[]}. Reasons invalidate; flags inform."""
-    g = {**DEFAULT_GATES, **(gates or {})}
+    """Gates on one repeat's metrics -> {valid, reasons[], flags[]}. Reasons invalidate; flags inform.
+
+    The client gates judge the client by what can go wrong with it, not by the host's jitter: its own CPU
+    time (saturated), its run-queue wait (starved by another task on its core), the closed loop's fidelity
+    (achieved concurrency: in-flight drops below C only between an end and the next send), and loop lag only
+    where it can move timestamps (chunks not stamped by the kernel), measured above the host's idle lag.
+    `gates` uses the config's key names (workflow/schemas/config.schema.yaml, `gates:`).
+    """
     reasons: list[str] = []
     flags: list[str] = []
-    lag_p99 = m["loop_lag_ms"]["p99"]
-    if lag_p99 is None:
-        flags.append("no loop-lag samples: client keep-up not checked")
-    elif lag_p99 > g["loop_lag_p99_ms"]:
+    c = m["client"]
+    if c["busy_share"] is not None and c["busy_share"] > gates["max_client_cpu_share"]:
         reasons.append(
-            f"client event-loop lag p99 {lag_p99:.2f} ms > {g['loop_lag_p99_ms']:g} ms: the client could not keep up"
+            f"client saturated: its own work used {c['busy_share']:.0%} of its CPU "
+            f"> {gates['max_client_cpu_share']:.0%} (fewer streams per client, or a faster client CPU)"
+        )
+    if c["wait_share"] is None:
+        flags.append("client run-queue wait unknown (no /proc/self/schedstat): starvation not checked")
+    elif c["wait_share"] > gates["max_client_wait_share"]:
+        reasons.append(
+            f"client starved: it waited for a CPU {c['wait_share']:.0%} of the time "
+            f"> {gates['max_client_wait_share']:.0%} (another process shares its core; see client.cpus)"
+        )
+    foreign = c.get("foreign_cpu_share")
+    if foreign is not None and foreign > gates["max_foreign_cpu_share"]:
+        reasons.append(
+            f"machine busy: other processes used {foreign:.0%} of the measurement's CPUs "
+            f"> {gates['max_foreign_cpu_share']:.0%} (the engine and client shared them with other work)"
+        )
+    kernel = (c["stamps"] or {}).get("kernel_share")
+    excess = c["loop_lag_excess_p99_ms"]
+    if excess is None:
+        flags.append("no loop-lag samples: client keep-up not checked")
+    elif kernel is not None and kernel >= KERNEL_STAMPED:
+        pass  # chunk times come from the kernel: a late loop delays parsing, not stamps
+    elif excess > gates["max_loop_lag_excess_ms"]:
+        reasons.append(
+            f"client event-loop lag p99 {c['loop_lag_ms']['p99']:.2f} ms is {excess:.2f} ms above the host's idle "
+            f"{c['idle_lag_ms']['p99'] or 0:.2f} ms (> {gates['max_loop_lag_excess_ms']:g} ms) and chunks are "
+            "not kernel-stamped: timestamps include client delay"
         )
     ach = m["achieved_concurrency"]
-    if ach is None or ach < g["min_concurrency_fraction"] * concurrency:
+    if ach is None or ach < gates["min_achieved_concurrency_ratio"] * concurrency:
         shown = "n/a" if ach is None else f"{ach:.2f}"
-        reasons.append(f"achieved concurrency {shown} < {g['min_concurrency_fraction']:.0%} of C={concurrency}")
+        reasons.append(
+            f"achieved concurrency {shown} < {gates['min_achieved_concurrency_ratio']:.0%} of C={concurrency}"
+            + ("" if m["steady_window_s"] else ": empty steady window (raise workload.requests.per_concurrency)")
+        )
     err = m["errors"]
-    if err["rate"] > g["max_error_rate"]:
+    if err["rate"] > gates["max_error_rate"]:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(err["by_kind"].items()))
-        reasons.append(f"error rate {err['rate']:.2%} > {g['max_error_rate']:.2%} ({kinds})")
+        reasons.append(f"error rate {err['rate']:.2%} > {gates['max_error_rate']:.2%} ({kinds})")
     short = int((df["error_kind"] == "short_output").sum())
-    if expected_output_tokens is not None:
-        short += int(((df["output_tokens"] < expected_output_tokens) & df["ok"]).sum())
+    short += int(((df["output_tokens"] < df["expected_output_tokens"]) & df["ok"]).sum())
     if short:
         reasons.append(f"{short} request(s) produced fewer output tokens than asked")
+    hit = m["prefix_cache"]["hit_rate"]
+    if m["prefix_cache"]["source"] is None:
+        flags.append("prefix-cache hits not reported by this server: cell isolation not checked")
+    elif hit is not None and hit > gates["max_prefix_cache_hit_rate"]:
+        reasons.append(
+            f"prefix-cache hit rate {hit:.1%} > {gates['max_prefix_cache_hit_rate']:.0%}: requests were served "
+            "from an earlier cell's cache (reset the cache between cells; see docs/engines.md)"
+        )
     if server_max_running is not None and concurrency > server_max_running:
         flags.append(
             f"C={concurrency} exceeds the server's running-request cap {server_max_running}: "
@@ -316,48 +449,43 @@ def validity(
     mismatch = int((okdf["server_output_tokens"] != okdf["output_tokens"]).sum())
     if mismatch:
         flags.append(f"{mismatch} request(s): streamed token count differs from the server's usage")
-    if len(df) and len(df) < concurrency:
-        flags.append(f"only {len(df)} requests for C={concurrency}: no steady window")
     return {"valid": not reasons, "reasons": reasons, "flags": flags}
 
 
 def summarize(
     records: pd.DataFrame,
     concurrency: int,
-    expected_output_tokens: int | None = None,
+    gates: Mapping[str, float],
     slos: Mapping[str, float] | None = None,
-    gates: Mapping[str, float] | None = None,
-    lag_samples: Sequence[Sequence[float]] | Mapping[int, Sequence[float]] | None = None,
+    repeats: Sequence[Mapping[str, Any]] | None = None,
     server_max_running: int | None = None,
-    counters: tuple[Mapping[str, float], Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Cell metrics: {metrics (pooled over repeats), repeats[...], validity} as a JSON-able dict.
 
-    Pooled: latency/ITL/token distributions over all requests of all repeats; per-repeat scalars (throughputs,
-    achieved concurrency, goodput, durations) as the mean over repeats, with their spread in `repeat_spread`;
-    loop lag over all samples. A cell is valid only if every repeat is. `lag_samples` is one list per repeat
-    (by position, or a mapping repeat -> samples). `counters` = (before, after) spec-decode counter snapshots.
+    `repeats[i]` holds what was measured beside repeat i's records: `lag`, `idle_lag` (seconds), `client`
+    (CPU shares, stamps), `counters` ((before, after) engine counters or None). Pooled: latency/ITL/token
+    distributions over all requests of all repeats; per-repeat scalars as the mean over repeats, with their
+    spread in `repeat_spread`; counter deltas summed. A cell is valid only if every repeat is.
     """
     if "repeat" not in records:
         records = records.assign(repeat=0)
     reps = sorted(int(r) for r in records["repeat"].unique())
-    if isinstance(lag_samples, Mapping):
-        lag_by = {int(k): list(v) for k, v in lag_samples.items()}
-    else:
-        lag_by = {r: list(lag_samples[i]) for i, r in enumerate(reps)} if lag_samples else {}
+    meta = {i: dict(repeats[i]) for i in range(len(repeats))} if repeats else {}
     per_rep: list[dict[str, Any]] = []
     valid, reasons, flags = True, [], []
     for r in reps:
         sub = records[records["repeat"] == r]
-        m = repeat_metrics(sub, concurrency, slos, lag_by.get(r))
-        v = validity(m, sub, concurrency, gates, server_max_running, expected_output_tokens)
+        x = meta.get(r, {})
+        m = repeat_metrics(sub, concurrency, slos, x.get("lag"), x.get("idle_lag"), x.get("client"), x.get("counters"))
+        v = validity(m, sub, concurrency, gates, server_max_running)
         per_rep.append({"repeat": r, "metrics": m, "validity": v})
         valid &= v["valid"]
         prefix = f"repeat {r}: " if len(reps) > 1 else ""
         reasons += [prefix + x for x in v["reasons"]]
         flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
-    all_lag = [x for r in reps for x in lag_by.get(r, [])]
-    pooled = repeat_metrics(records, concurrency, slos, all_lag) if len(records) else {}
+    all_lag = [x for r in reps for x in meta.get(r, {}).get("lag") or []]
+    all_idle = [x for r in reps for x in meta.get(r, {}).get("idle_lag") or []]
+    pooled = repeat_metrics(records, concurrency, slos, all_lag, all_idle) if len(records) else {}
     spread: dict[str, Any] = {}
     for key in REPEAT_SCALARS:
         vals = [p["metrics"][key] for p in per_rep if p["metrics"].get(key) is not None]
@@ -368,17 +496,51 @@ def summarize(
         pooled["steady_window"] = None  # per repeat only: windows of different repeats share no clock origin
         pooled["repeat_spread"] = spread
         pooled["n_repeats"] = len(reps)
-        if counters is not None:
-            c = accept_length_from_counters(*counters)
-            pooled["spec_counters"] = c
-            if c["accept_length"] is not None:
-                pooled["accept_length"] = c["accept_length"]
+        pooled["client"] = _worst_client([p["metrics"]["client"] for p in per_rep], pooled["client"])
+        pooled["prefix_cache"] = _pooled_cache([p["metrics"]["prefix_cache"] for p in per_rep])
+        deltas = [p["metrics"]["counter_deltas"] for p in per_rep]
+        if deltas and all(d is not None for d in deltas):
+            total = {k: float(sum(d.get(k, 0.0) for d in deltas)) for k in set().union(*deltas)}
+            pooled["counter_deltas"] = total
+            if "num_drafts" in total:
+                c = accept_length_from_counters({}, total)
+                pooled["spec_counters"] = c
+                if c["accept_length"] is not None:
+                    pooled["accept_length"] = c["accept_length"]
     if not reps:
         valid, reasons = False, ["no requests recorded"]
     return {
         "metrics": pooled,
         "repeats": per_rep,
         "validity": {"valid": bool(valid), "reasons": reasons, "flags": list(dict.fromkeys(flags))},
+    }
+
+
+def _worst_client(per_rep: list[dict[str, Any]], pooled: dict[str, Any]) -> dict[str, Any]:
+    """The pooled client figures: lag over all samples, the worst repeat's CPU shares and stamp share."""
+    out = dict(pooled)
+    for key, pick in (("busy_share", max), ("wait_share", max), ("foreign_cpu_share", max), ("steal_share", max)):
+        vals = [c[key] for c in per_rep if c.get(key) is not None]
+        out[key] = pick(vals) if vals else None
+    shares = [(c.get("stamps") or {}).get("kernel_share") for c in per_rep]
+    known = [s for s in shares if s is not None]
+    out["stamps"] = {"kernel_share": min(known) if known else None}
+    out["transport"] = next((c.get("transport") for c in per_rep if c.get("transport")), None)
+    out["cpus"] = next((c.get("cpus") for c in per_rep if c.get("cpus")), None)
+    return out
+
+
+def _pooled_cache(per_rep: list[dict[str, Any]]) -> dict[str, Any]:
+    srcs = {c["source"] for c in per_rep}
+    if None in srcs or not per_rep:
+        return {"hit_rate": None, "hits": None, "queries": None, "source": None}
+    hits = sum(float(c["hits"] or 0.0) for c in per_rep)
+    queries = sum(float(c["queries"] or 0.0) for c in per_rep)
+    return {
+        "hit_rate": hits / queries if queries > 0 else None,
+        "hits": hits,
+        "queries": queries,
+        "source": srcs.pop() if len(srcs) == 1 else "mixed",
     }
 
 

@@ -362,11 +362,13 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
             "readiness_paths": tuple(data["spec"]["readiness_paths"]),
             "secret_env": secret_env,
             "argv": unredact_argv(data["spec"]["argv"], secret_env),
+            "cpus": tuple(data["spec"]["cpus"]) if data["spec"].get("cpus") else None,
         }
     )
     env = {**os.environ, **spec.env}
     env.pop(OWNER_ENV, None)
     log = open(data["log_path"], "a")  # noqa: SIM115 - lives as long as the server
+    cpus = spec.cpus
     server = subprocess.Popen(
         spec.argv,
         env=env,
@@ -374,6 +376,9 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # the whole tree inherits the CPU set (the supervisor is single-threaded, so preexec_fn is safe):
+        # engines spawn workers that must stay off the client's core
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
     rec = ServerRecord(
         identity=spec.identity,

@@ -1,35 +1,35 @@
-"""Load generator: streaming backends, closed loop, loop-lag monitor, prompts, and the `bench` command.
+"""Load generator: streaming backends, closed loop, loop-lag monitor, CPU accounting, prompts.
 
-The pipeline's cell runner needs only the names below (docs/metrics.md says what the numbers mean). They are
-imported lazily so that `python -m specsweep.client.bench` runs its module exactly once.
+The `specsweep bench` command lives in `specsweep.client.bench` (not imported here, so `python -m
+specsweep.client.bench` runs its module once); summaries are written by `specsweep.summary`.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from specsweep.client.backends import RequestRecord, RequestSpec, send_request
+from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, records_frame, run_closed_loop
+from specsweep.client.prompts import (
+    LevelPrompts,
+    PromptSet,
+    level_prompts,
+    load_prompts_file,
+    make_prompts,
+    make_prompts_auto,
+)
 
-_EXPORTS = {
-    "RequestRecord": "backends",
-    "RequestSpec": "backends",
-    "send_request": "backends",
-    "level_summary": "bench",
-    "requests_for": "bench",
-    "write_cell": "bench",
-    "LevelResult": "loadgen",
-    "RepeatResult": "loadgen",
-    "flush_cache": "loadgen",
-    "measure_level": "loadgen",
-    "records_frame": "loadgen",
-    "PromptSet": "prompts",
-    "load_prompts_file": "prompts",
-    "make_prompts": "prompts",
-    "make_prompts_auto": "prompts",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"specsweep.client.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'specsweep.client' has no attribute {name!r}")
+__all__ = [
+    "LevelPrompts",
+    "LevelResult",
+    "PromptSet",
+    "RepeatResult",
+    "RequestRecord",
+    "RequestSpec",
+    "level_prompts",
+    "load_prompts_file",
+    "make_prompts",
+    "make_prompts_auto",
+    "measure_level",
+    "records_frame",
+    "run_closed_loop",
+    "send_request",
+]

@@ -36,6 +36,8 @@ class RequestRecord:
     prompt_index: int
     expected_output_tokens: int
     input_tokens: int
+    slot: int = -1  # the closed loop's client slot (worker) that sent it
+    ramp: bool = False  # a slot's first, shortened request that staggers the slots (not a measured request)
     send_s: float = float("nan")
     first_token_s: float = float("nan")
     end_s: float = float("nan")
@@ -45,6 +47,7 @@ class RequestRecord:
     output_tokens: int = 0
     server_output_tokens: int = -1
     spec_verify_ct: int = -1
+    cached_tokens: int = -1  # prompt tokens served from the engine's prefix cache (-1: not reported)
     ok: bool = False
     error_kind: str = ""
     error: str = ""
@@ -317,6 +320,9 @@ class SGLangParser(_SSEParser):
         svc = meta.get("spec_verify_ct")
         if svc is not None:
             rec.spec_verify_ct = int(svc)
+        cached = meta.get("cached_tokens")
+        if cached is not None:
+            rec.cached_tokens = int(cached)
 
 
 class OpenAIParser(_SSEParser):
@@ -373,6 +379,9 @@ class OpenAIParser(_SSEParser):
             rec.server_output_tokens = server_ct
             if "prompt_tokens" in usage:
                 rec.input_tokens = int(usage["prompt_tokens"])
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                rec.cached_tokens = int(details["cached_tokens"])
             if not self.usage_seen and rec.chunk_tokens and server_ct > self.prev:
                 _spread(rec.chunk_tokens, server_ct - self.prev)
                 self.prev = server_ct

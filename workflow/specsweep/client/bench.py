@@ -1,34 +1,30 @@
 """`specsweep bench`: measure a running server at several concurrency levels, without Snakemake.
 
-Writes `OUT/c<C>/requests.parquet` (one row per request) and `OUT/c<C>/summary.json` per level,
-atomically, so a killed run never leaves a half-written cell that looks complete. The functions here
-(`level_summary`, `write_cell`, `Progress`) are also what the pipeline's cell runner uses.
+Writes `OUT/c<C>/requests.parquet` (one row per request) and `OUT/c<C>/summary.json` per level, atomically,
+through the same measuring path (`loadgen.measure_level`) and summary writer (`specsweep.summary`) as the
+pipeline, judged by the config schema's default gates.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-from pyarrow.parquet import write_table as pq_write
 from tqdm import tqdm
 
 from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
-from specsweep.client.loadgen import LevelResult, arrow_table, measure_level
-from specsweep.client.prompts import PromptSet, load_prompts_file, make_prompts_auto
-from specsweep.config import request_count
-from specsweep.io import atomic_path
-from specsweep.metrics import jsonable, summarize
-
-SCHEMA_VERSION = 1
+from specsweep.client.cpu import format_cpus, pin_self, plan_cpus
+from specsweep.client.loadgen import measure_level
+from specsweep.client.prompts import level_prompts
+from specsweep.config import defaults, request_count
+from specsweep.engines import ENGINES, get_engine
+from specsweep.summary import level_summary, write_cell
 
 
 class Progress:
@@ -86,67 +82,6 @@ class Progress:
             self._bar = None
 
 
-def level_summary(
-    level: LevelResult,
-    prompts: PromptSet,
-    spec: RequestSpec,
-    output_tokens: int,
-    slos: dict[str, float] | None = None,
-    gates: dict[str, float] | None = None,
-    server_max_running: int | None = None,
-    counters: tuple[dict[str, float], dict[str, float]] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The summary.json body for one measured level (the cell runner adds `cell`, `server`, `source`...)."""
-    s = summarize(
-        level.records,
-        level.concurrency,
-        output_tokens,
-        slos,
-        gates,
-        level.lag_samples,
-        server_max_running,
-        counters,
-    )
-    for rep_out, rep in zip(s["repeats"], level.repeats, strict=False):
-        rep_out["t0_unix"] = rep.t0_unix
-        rep_out["cache_flush"] = rep.flush
-    if level.warmup_errors:
-        s["validity"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
-    out = {
-        "schema_version": SCHEMA_VERSION,
-        "concurrency": level.concurrency,
-        "workload": {
-            "backend": spec.backend,
-            "endpoint": spec.endpoint if spec.backend == "openai" else "generate",
-            "transport": spec.transport,
-            "n_requests": level.n_requests,
-            "output_tokens": output_tokens,
-            "temperature": spec.temperature,
-            "request_timeout_s": spec.request_timeout_s,
-            "repeats": len(level.repeats),
-            **prompts.describe(),
-        },
-        "metrics": s["metrics"],
-        "repeats": s["repeats"],
-        "validity": s["validity"],
-        "t0_unix": level.t0_unix,
-        **(extra or {}),
-    }
-    return jsonable(out)
-
-
-def write_cell(out_dir: str | Path, records_df: pd.DataFrame, summary: dict[str, Any]) -> tuple[Path, Path]:
-    """Write `requests.parquet`, then `summary.json` (last: its presence means the cell is complete)."""
-    out = Path(out_dir)
-    pq, sj = out / "requests.parquet", out / "summary.json"
-    with atomic_path(pq) as tmp:
-        pq_write(arrow_table(records_df), str(tmp))
-    with atomic_path(sj) as tmp:
-        tmp.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return pq, sj
-
-
 def _ints(text: str) -> list[int]:
     vals = [int(x) for x in text.split(",") if x.strip()]
     if not vals or any(v < 1 for v in vals):
@@ -155,30 +90,35 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    w, r, g = defaults("workload"), defaults("workload", "requests"), defaults("gates")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--engine", choices=ENGINES, default=None, help="cache reset and counters (default: by backend)")
     p.add_argument("--backend", choices=BACKENDS, default="sglang", help="sglang: native /generate; openai: /v1")
     p.add_argument("--endpoint", choices=ENDPOINTS, default="completions", help="openai backend: which endpoint")
     p.add_argument("--model", default=None, help="openai 'model' field (default: omitted)")
     p.add_argument("--concurrency", type=_ints, default=[1, 2, 5], help="levels, comma-separated (default 1,2,5)")
-    p.add_argument("--requests-per-concurrency", type=int, default=2, help="requests per level = max(floor, k*C)")
-    p.add_argument("--requests-floor", type=int, default=8)
-    p.add_argument("--requests-max", type=int, default=None, help="cap on requests per level")
-    p.add_argument("--input-tokens", type=int, default=128)
-    p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per level (not recorded)")
+    p.add_argument("--requests-per-concurrency", type=float, default=r["per_concurrency"], help="turnovers per slot")
+    p.add_argument("--requests-floor", type=int, default=r["floor"])
+    p.add_argument("--requests-max", type=int, default=r["max"], help="cap on measured requests per level")
+    p.add_argument("--duration-s", type=float, default=r["duration_s"], help="measure by time (count = cap)")
+    p.add_argument("--no-stagger", action="store_true", help="start every slot with a full-length request")
+    p.add_argument("--input-tokens", type=int, default=w["input_tokens"])
+    p.add_argument("--output-tokens", type=int, default=w["output_tokens"])
+    p.add_argument("--warmup", type=int, default=w["warmup_requests"], help="warm-up requests per level")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=w["seed"])
+    p.add_argument("--temperature", type=float, default=w["temperature"])
     p.add_argument("--prompts-file", default=None, help='JSONL: {"prompt": "...", "output_tokens": N?} per line')
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (or its folder) when the server has no /tokenize")
     p.add_argument("--api-key-env", default=None, help="name of an environment variable holding the API key")
-    p.add_argument("--request-timeout-s", type=float, default=120.0)
-    p.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each repeat")
+    p.add_argument("--request-timeout-s", type=float, default=w["request_timeout_s"])
+    p.add_argument("--no-reset", action="store_true", help="do not reset the server's prefix cache per repeat")
+    p.add_argument("--client-cpus", default="auto", help="CPUs of this client: auto (the last one), none, or e.g. 3")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--slo-e2e-ms", type=float, default=None)
-    p.add_argument("--max-loop-lag-ms", type=float, default=5.0, help="loop-lag p99 validity gate")
-    p.add_argument("--max-error-rate", type=float, default=0.0, help="error-rate validity gate")
+    for key, value in g.items():
+        p.add_argument(f"--{key.replace('_', '-')}", type=float, default=value, help=f"validity gate (default {value})")
     p.add_argument("--server-max-running", type=int, default=None, help="server's running-request cap, if known")
     p.add_argument(
         "--transport",
@@ -194,7 +134,7 @@ async def _bench(args: argparse.Namespace) -> int:
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
-            print(f"environment variable {args.api_key_env} is not set", file=sys.stderr)
+            print(f"environment variable {args.api_key_env} is not set; export it first", file=sys.stderr)
             return 2
     spec = RequestSpec(
         url=args.url,
@@ -206,23 +146,13 @@ async def _bench(args: argparse.Namespace) -> int:
         api_key=api_key,
         transport=args.transport,
     )
+    plan = plan_cpus(None if args.client_cpus == "none" else args.client_cpus, None)
+    pin_self(plan.client)
+    engine = get_engine(args.engine or ("sglang" if args.backend == "sglang" else "vllm"), args.api_key_env)
     counts = {
         c: request_count(c, args.requests_per_concurrency, args.requests_floor, args.requests_max)
         for c in args.concurrency
     }
-    n_prompts = max(counts.values())
-    if args.prompts_file:
-        prompts = load_prompts_file(args.prompts_file, n_prompts)
-    else:
-        prompts = await make_prompts_auto(
-            n_prompts,
-            args.input_tokens,
-            args.seed,
-            url=args.url,
-            model=args.model,
-            tokenizer_path=args.tokenizer,
-            headers=spec.headers() if api_key else None,
-        )
     slos = {
         k: v
         for k, v in (
@@ -232,10 +162,24 @@ async def _bench(args: argparse.Namespace) -> int:
         )
         if v is not None
     }
-    gates = {"loop_lag_p99_ms": args.max_loop_lag_ms, "max_error_rate": args.max_error_rate}
+    gates = {key: getattr(args, key) for key in defaults("gates")}
     all_valid = True
     for c, n in counts.items():
-        progress = Progress(n * args.repeats, label=f"c={c}").start()
+        prompts = await level_prompts(
+            c,
+            n + (0 if args.no_stagger else c),
+            args.repeats,
+            args.warmup,
+            args.input_tokens,
+            args.seed,
+            args.output_tokens,
+            args.prompts_file,
+            url=args.url,
+            model=args.model,
+            tokenizer_path=args.tokenizer,
+            headers=spec.headers() if api_key else None,
+        )
+        progress = Progress((n + c) * args.repeats, label=f"c={c}").start()
         try:
             level = await measure_level(
                 spec,
@@ -245,7 +189,10 @@ async def _bench(args: argparse.Namespace) -> int:
                 args.output_tokens,
                 warmup=args.warmup,
                 repeats=args.repeats,
-                flush=not args.no_flush,
+                stagger=not args.no_stagger,
+                duration_s=args.duration_s,
+                hooks=engine,
+                reset_cache=not args.no_reset,
                 on_done=progress.on_done,
             )
         finally:
@@ -255,10 +202,11 @@ async def _bench(args: argparse.Namespace) -> int:
             prompts,
             spec,
             args.output_tokens,
-            slos,
             gates,
+            slos,
             args.server_max_running,
-            extra={"url": args.url},
+            extra={"url": args.url, "cpus": plan.as_dict()},
+            client_cpus=format_cpus(plan.client),
         )
         write_cell(Path(args.out) / f"c{c}", level.records, summary)
         m, v = summary["metrics"], summary["validity"]

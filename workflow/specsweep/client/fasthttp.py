@@ -34,6 +34,36 @@ _ERR_HEAD = 300
 _HEAD, _BODY_LEN, _BODY_CHUNKED, _BODY_CLOSE, _DONE = range(5)
 
 
+class StampStats:
+    """How chunks were stamped: reads in all, reads stamped by the kernel, and each such read's delay.
+
+    A read's delay (the loop's read time minus the kernel's receive time of its last packet) is how long
+    data waited in the socket for a busy or descheduled client. With kernel stamps it does not move a
+    chunk's time, so the validity gates read `kernel_share` to decide whether loop lag can damage stamps."""
+
+    __slots__ = ("reads", "kernel", "delays")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting afresh (connections keep a reference to this object)."""
+        self.reads = 0
+        self.kernel = 0
+        self.delays: list[float] = []
+
+    def summary(self) -> dict[str, float | int | None]:
+        d = sorted(self.delays)
+        pick = (lambda q: d[min(len(d) - 1, int(q * len(d)))] * 1e3) if d else (lambda q: None)
+        return {
+            "reads": self.reads,
+            "kernel_share": (self.kernel / self.reads) if self.reads else None,
+            "read_delay_p50_ms": pick(0.5),
+            "read_delay_p99_ms": pick(0.99),
+            "read_delay_max_ms": (d[-1] * 1e3) if d else None,
+        }
+
+
 class HTTPStatusError(Exception):
     """The server answered with a status other than 200 (body head kept for the message)."""
 
@@ -126,12 +156,18 @@ class _RawTransport:
             return
         now = monotonic()
         stamp = None
+        stats = conn.stats
         if anc and anc[0][1] == _SO_TIMESTAMPNS and len(anc[0][2]) >= _TS.size:
             sec, nsec = _TS.unpack_from(anc[0][2])
             # realtime -> monotonic with the current offset; never later than now (clock steps, rounding)
             stamp = min(now, sec + nsec * 1e-9 - (time.time() - now))
+            if stats is not None:
+                stats.kernel += 1
+                stats.delays.append(now - stamp)
         elif conn.clock is not None:
             stamp = conn.clock.t
+        if stats is not None:
+            stats.reads += 1
         conn.data_received(data, stamp if stamp is not None else now)
 
     def write(self, data: bytes) -> None:
@@ -197,8 +233,9 @@ async def _raw_connect(loop: asyncio.AbstractEventLoop, host: str, port: int, co
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; parses one response at a time entirely inside the protocol callbacks."""
 
-    def __init__(self, clock: SelectClock | None = None) -> None:
+    def __init__(self, clock: SelectClock | None = None, stats: StampStats | None = None) -> None:
         self.clock = clock
+        self.stats = stats
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
@@ -236,8 +273,10 @@ class _Conn(asyncio.Protocol):
             fut.set_exception(ConnectionResetError(f"connection closed mid-response ({exc or 'EOF'})"))
 
     def data_received(self, data: bytes, now: float | None = None) -> None:
-        if now is None:
+        if now is None:  # an asyncio transport (https, no kernel stamps)
             now = self.clock.t if self.clock is not None else monotonic()
+            if self.stats is not None:
+                self.stats.reads += 1
         if now < self._floor:  # a wall-clock step under kernel stamps: never before the send or a prior read
             now = self._floor
         self._floor = now
@@ -408,6 +447,7 @@ class FastPool:
         self._ssl = ssl_context
         self._want_clock = select_clock
         self._clock: SelectClock | None = None
+        self.stats = StampStats()
 
     async def _connect(self, scheme: str, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -422,9 +462,9 @@ class FastPool:
                 self._want_clock = False
         clock = self._clock
         if ctx is None and self._kernel_ts:
-            conn = await _raw_connect(loop, host, port, _Conn(clock))
+            conn = await _raw_connect(loop, host, port, _Conn(clock, self.stats))
         else:
-            _, conn = await loop.create_connection(lambda: _Conn(clock), host, port, ssl=ctx)
+            _, conn = await loop.create_connection(lambda: _Conn(clock, self.stats), host, port, ssl=ctx)
         self._all.add(conn)
         return conn
 

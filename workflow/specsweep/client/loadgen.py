@@ -1,84 +1,92 @@
 """Closed-loop load generator: exactly C requests in flight until the level's request count is used up.
 
 Why closed loop: the question is "what does the server do with C concurrent users", so each finished request
-is replaced at once by the next, and the steady window (all C slots busy) is well defined. C worker coroutines
-pull request indices from one shared iterator over one aiohttp session whose connector has no connection cap.
+is replaced at once by the next, and the steady window (all C slots busy) is well defined. C slot coroutines
+pull request indices from one shared iterator; the first request of each slot is shortened so that the slots
+turn over at spread times (no lockstep waves). `measure_level` is the single measuring path (warm-up, cache
+reset, idle-jitter probe, counters, CPU accounting) of the pipeline and `specsweep bench`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from time import monotonic
+from typing import Any, Protocol
 
 import aiohttp
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
+from specsweep.client.cpu import host_snapshot, usage_now
 from specsweep.client.fasthttp import FastPool
 from specsweep.client.looplag import LoopLagMonitor
-from specsweep.client.prompts import PromptSet
+from specsweep.client.prompts import LevelPrompts, PromptSet
 
-# requests.parquet columns, in order (docs/ARCHITECTURE.md "Request record").
-RECORD_COLUMNS: tuple[str, ...] = (
-    "repeat",
-    "request_index",
-    "prompt_index",
-    "send_s",
-    "first_token_s",
-    "end_s",
-    "chunk_s",
-    "chunk_tokens",
-    "server_chunk_s",
-    "input_tokens",
-    "output_tokens",
-    "server_output_tokens",
-    "expected_output_tokens",
-    "spec_verify_ct",
-    "ok",
-    "error_kind",
-    "error",
+# One row of requests.parquet (docs/ARCHITECTURE.md "Request record"): the single description of a record's
+# columns and their Arrow types; every requests.parquet has this schema, even an empty or all-failed cell.
+RECORD_SCHEMA = pa.schema(
+    [
+        ("repeat", pa.int64()),
+        ("request_index", pa.int64()),
+        ("prompt_index", pa.int64()),
+        ("slot", pa.int64()),
+        ("ramp", pa.bool_()),
+        ("send_s", pa.float64()),
+        ("first_token_s", pa.float64()),
+        ("end_s", pa.float64()),
+        ("chunk_s", pa.list_(pa.float64())),
+        ("chunk_tokens", pa.list_(pa.int64())),
+        ("server_chunk_s", pa.list_(pa.float64())),
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("server_output_tokens", pa.int64()),
+        ("expected_output_tokens", pa.int64()),
+        ("spec_verify_ct", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("ok", pa.bool_()),
+        ("error_kind", pa.string()),
+        ("error", pa.string()),
+    ]
 )
-
-# Arrow types of the columns: every requests.parquet has one schema (even an empty or all-failed cell).
-RECORD_TYPES: dict[str, pa.DataType] = {
-    "repeat": pa.int64(),
-    "request_index": pa.int64(),
-    "prompt_index": pa.int64(),
-    "send_s": pa.float64(),
-    "first_token_s": pa.float64(),
-    "end_s": pa.float64(),
-    "chunk_s": pa.list_(pa.float64()),
-    "chunk_tokens": pa.list_(pa.int64()),
-    "server_chunk_s": pa.list_(pa.float64()),
-    "input_tokens": pa.int64(),
-    "output_tokens": pa.int64(),
-    "server_output_tokens": pa.int64(),
-    "expected_output_tokens": pa.int64(),
-    "spec_verify_ct": pa.int64(),
-    "ok": pa.bool_(),
-    "error_kind": pa.string(),
-    "error": pa.string(),
-}
+RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+_TIME_COLUMNS = ("send_s", "first_token_s", "end_s")
+_TIME_LIST_COLUMNS = ("chunk_s", "server_chunk_s")
 
 ProgressFn = Callable[[RequestRecord], None]
 
 
+class ServerHooks(Protocol):
+    """What the load generator asks of the engine between repeats (engines/*.py implement it)."""
+
+    async def reset_cache(self, session: aiohttp.ClientSession, base_url: str) -> str:
+        """Empty the server's prefix cache; returns the outcome ('flushed', 'reset', 'unsupported', ...)."""
+        ...
+
+    async def counters(self, session: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
+        """Cumulative spec-decode and prefix-cache counters, None when they cannot be read."""
+        ...
+
+
 @dataclass
 class RepeatResult:
-    """One repeat of a level: its records (absolute times), its t0 and its loop-lag samples."""
+    """One repeat of a level: its records (absolute times), t0, and what the client saw of itself."""
 
     repeat: int
     records: list[RequestRecord]
-    t0: float  # monotonic time of the first measured send
+    t0: float  # monotonic time of the first send
     t0_unix: float  # wall-clock time at t0
-    lag_samples: list[float]
-    flush: str  # outcome of the cache flush before this repeat
+    lag_samples: list[float]  # event-loop lag while measuring
+    cache_reset: str  # outcome of the prefix-cache reset before this repeat
+    idle_lag_samples: list[float] = field(default_factory=list)  # the same timer with nothing in flight
+    counters: tuple[dict[str, float], dict[str, float]] | None = None  # engine counters before, after
+    client: dict[str, Any] = field(default_factory=dict)  # CPU shares and stamp statistics
+    prompts: PromptSet | None = None
 
 
 @dataclass
@@ -86,9 +94,10 @@ class LevelResult:
     """All repeats of one concurrency level. `records`: every repeat, times relative to its own t0."""
 
     concurrency: int
-    n_requests: int
+    n_requests: int  # measured (non-ramp) requests asked for per repeat
     repeats: list[RepeatResult]
     warmup_errors: int = 0
+    stagger: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,59 +110,30 @@ class LevelResult:
     def t0_unix(self) -> float | None:
         return self.repeats[0].t0_unix if self.repeats else None
 
-    @property
-    def lag_samples(self) -> list[list[float]]:
-        return [r.lag_samples for r in self.repeats]
-
 
 def records_frame(records: list[RequestRecord], t0: float, repeat: int) -> pd.DataFrame:
     """Records -> the requests.parquet frame, times relative to `t0` (the server's monotonic clock too)."""
     cols: dict[str, list[Any]] = {c: [] for c in RECORD_COLUMNS}
     for r in records:
-        cols["repeat"].append(repeat)
-        cols["request_index"].append(r.request_index)
-        cols["prompt_index"].append(r.prompt_index)
-        cols["send_s"].append(r.send_s - t0)
-        cols["first_token_s"].append(r.first_token_s - t0)
-        cols["end_s"].append(r.end_s - t0)
-        cols["chunk_s"].append([x - t0 for x in r.chunk_s])
-        cols["chunk_tokens"].append(list(r.chunk_tokens))
-        cols["server_chunk_s"].append([x - t0 for x in r.server_chunk_s])
-        cols["input_tokens"].append(r.input_tokens)
-        cols["output_tokens"].append(r.output_tokens)
-        cols["server_output_tokens"].append(r.server_output_tokens)
-        cols["expected_output_tokens"].append(r.expected_output_tokens)
-        cols["spec_verify_ct"].append(r.spec_verify_ct)
-        cols["ok"].append(r.ok)
-        cols["error_kind"].append(r.error_kind)
-        cols["error"].append(r.error)
-    df = pd.DataFrame(cols, columns=list(RECORD_COLUMNS))
-    ints = (
-        "repeat",
-        "request_index",
-        "prompt_index",
-        "input_tokens",
-        "output_tokens",
-        "server_output_tokens",
-        "expected_output_tokens",
-        "spec_verify_ct",
-    )
-    for c in ints:
-        df[c] = df[c].astype("int64")
-    for c in ("send_s", "first_token_s", "end_s"):
-        df[c] = df[c].astype("float64")
-    for c in ("chunk_s", "chunk_tokens", "server_chunk_s"):
-        df[c] = df[c].astype(object)  # lists, also when there are no rows
-    df["ok"] = df["ok"].astype(bool)
-    df["error_kind"] = df["error_kind"].astype(str)
-    df["error"] = df["error"].astype(str)
-    return df
+        for c in RECORD_COLUMNS:
+            if c == "repeat":
+                cols[c].append(repeat)
+            elif c in _TIME_COLUMNS:
+                cols[c].append(getattr(r, c) - t0)
+            elif c in _TIME_LIST_COLUMNS:
+                cols[c].append([x - t0 for x in getattr(r, c)])
+            elif c == "chunk_tokens":
+                cols[c].append(list(r.chunk_tokens))
+            else:
+                cols[c].append(getattr(r, c))
+    return pa.Table.from_pydict(cols, schema=RECORD_SCHEMA).to_pandas()
 
 
 def arrow_table(df: pd.DataFrame) -> pa.Table:
     """The records frame as an Arrow table with the contract's column types (other columns as inferred)."""
+    types = {f.name: f.type for f in RECORD_SCHEMA}
     inferred = pa.Schema.from_pandas(df, preserve_index=False)
-    schema = pa.schema([pa.field(f.name, RECORD_TYPES.get(f.name, f.type)) for f in inferred])
+    schema = pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in inferred])
     return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
 
 
@@ -163,6 +143,11 @@ def new_session(concurrency: int = 0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
+def ramp_length(nominal: int, slot: int, concurrency: int) -> int:
+    """Output tokens of slot `slot`'s first request: its share (slot+1)/C of the nominal length."""
+    return max(1, math.ceil(nominal * (slot + 1) / concurrency))
+
+
 async def run_closed_loop(
     session: FastPool | aiohttp.ClientSession,
     spec: RequestSpec,
@@ -170,120 +155,158 @@ async def run_closed_loop(
     output_tokens: int,
     concurrency: int,
     n_requests: int,
+    *,
+    stagger: bool = False,
+    duration_s: float | None = None,
     on_done: ProgressFn | None = None,
-    prompt_offset: int = 0,
 ) -> list[RequestRecord]:
-    """Run `n_requests` requests with exactly `concurrency` in flight (fewer only once requests run out)."""
+    """C client slots; each sends its next request the moment its previous one ends.
+
+    Without `stagger`: `n_requests` requests, prompts 0..n-1. With `stagger`, slot k first sends a *ramp*
+    request of `ramp_length(L, k, C)` tokens (prompt k): the slots then turn over at evenly spread times and,
+    with a fixed output length, stay spread, instead of all C requests starting, finishing and restarting
+    together in waves that real traffic does not have. The `n_requests` measured requests (prompts C, C+1, ...)
+    follow. `duration_s` stops issuing measured requests that long after the first send (the count is then a
+    cap). Records are returned in send order (`request_index`).
+    """
     n_prompts = len(prompts)
+    first_measured = concurrency if stagger else 0
+    if n_prompts < first_measured + n_requests:
+        raise ValueError(f"{n_prompts} prompts for {first_measured} ramp and {n_requests} measured requests")
     records: list[RequestRecord] = []
-    indices = iter(range(n_requests))  # shared: each worker takes the next index when its request ends
+    indices = iter(range(n_requests))  # shared: each slot takes the next index when its request ends
+    deadline = [math.inf]
 
-    def build(i: int) -> RequestRecord:
-        pi = (prompt_offset + i) % n_prompts
-        out = prompts.output_tokens[pi] or output_tokens
-        return RequestRecord(i, pi, out, prompts.input_tokens[pi])
+    def nominal(pi: int) -> int:
+        return prompts.output_tokens[pi] or output_tokens
 
-    async def worker() -> None:
+    async def send(pi: int, out: int, slot: int, ramp: bool) -> None:
+        rec = RequestRecord(len(records), pi, out, prompts.input_tokens[pi], slot=slot, ramp=ramp)
+        records.append(rec)
+        await send_request(session, spec, prompts.prompts[pi], rec)
+        if deadline[0] == math.inf and duration_s is not None:
+            deadline[0] = records[0].send_s + duration_s
+        if on_done is not None:
+            on_done(rec)
+
+    async def slot(k: int) -> None:
+        if stagger:
+            await send(k, ramp_length(nominal(k), k, concurrency), k, True)
         for i in indices:
-            rec = build(i)
-            records.append(rec)
-            await send_request(session, spec, prompts.prompts[rec.prompt_index], rec)
-            if on_done is not None:
-                on_done(rec)
+            if monotonic() >= deadline[0]:
+                break
+            pi = first_measured + i
+            await send(pi, nominal(pi), k, False)
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+    n_slots = concurrency if stagger else min(concurrency, n_requests)
+    await asyncio.gather(*(slot(k) for k in range(n_slots)))
     records.sort(key=lambda r: r.request_index)
     return records
 
 
-async def flush_cache(
-    session: aiohttp.ClientSession,
-    url: str,
-    timeout_s: float = 60.0,
-    headers: dict[str, str] | None = None,
-    retry_s: float = 0.2,
-) -> str:
-    """POST /flush_cache until it answers 200 (SGLang answers 400 while requests run).
-
-    Returns "flushed", "unsupported" (404/405: engines without the endpoint, skipped silently), "timeout" or
-    "error: ..." so the caller can record the outcome rather than fail the level.
-    """
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while True:
-        try:
-            async with session.post(
-                url.rstrip("/") + "/flush_cache", headers=headers, timeout=aiohttp.ClientTimeout(total=10)
-            ) as r:
-                if r.status == 200:
-                    return "flushed"
-                if r.status in (404, 405):
-                    return "unsupported"
-                last = f"HTTP {r.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            last = f"{type(e).__name__}: {e}"
-        if time.monotonic() + retry_s > deadline:
-            return "timeout" if last.startswith("HTTP") else f"error: {last}"
-        await asyncio.sleep(retry_s)
+async def probe_idle(seconds: float, interval_s: float) -> list[float]:
+    """Loop-lag samples with nothing in flight: the host's own timer jitter, against which the measured
+    repeat's lag is judged (a VM's jitter is no sign of a saturated client)."""
+    if seconds <= 0:
+        return []
+    monitor = LoopLagMonitor(interval_s).start()
+    await asyncio.sleep(seconds)
+    return await monitor.stop()
 
 
 async def measure_level(
     spec: RequestSpec,
     concurrency: int,
     n_requests: int,
-    prompts: PromptSet,
+    prompts: LevelPrompts,
     output_tokens: int,
+    *,
     warmup: int = 0,
     repeats: int = 1,
-    flush: bool = True,
-    flush_timeout_s: float = 60.0,
+    stagger: bool = True,
+    duration_s: float | None = None,
+    hooks: ServerHooks | None = None,
+    reset_cache: bool = True,
+    server_pid: int | None = None,
+    watch_cpus: tuple[int, ...] | None = None,
+    idle_probe_s: float = 0.5,
     lag_interval_s: float = 0.010,
     on_done: ProgressFn | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> LevelResult:
-    """Measure one concurrency level: warm-up (not recorded), then R repeats, each after a cache flush.
+    """Measure one concurrency level: the warm-up, then R repeats, each on its own prompt set.
 
-    Prompt i of every repeat is prompt i of the seeded set, so every arm and repeat sends the same requests.
-    Warm-up requests use prompts from the end of the set to leave the measured prompts' caches cold
-    (and the flush clears whatever they left).
+    The one measuring path of the pipeline and `specsweep bench`. Warm-up (`warmup` requests from the warm-up
+    set, not recorded) runs once. Before each repeat: the engine's prefix cache is reset (`hooks`), the host's
+    idle loop lag is probed, counters are read; around the closed loop the client's CPU time, run-queue wait
+    and chunk-stamp statistics are taken, and (with `server_pid`) the CPU time of the server tree and of other
+    processes on `watch_cpus` (the client's and the server's CPUs); after it, the counters again.
     """
     if concurrency < 1 or n_requests < 1 or repeats < 1:
         raise ValueError("concurrency, n_requests and repeats must be >= 1")
+    if len(prompts.repeats) < repeats:
+        raise ValueError(f"{len(prompts.repeats)} prompt sets for {repeats} repeats")
     own = session is None
-    s = session or new_session(concurrency)  # auxiliary calls (flush); aiohttp streams too if so configured
+    s = session or new_session(concurrency)  # auxiliary calls (reset, counters); aiohttp streams if so configured
     stream: FastPool | aiohttp.ClientSession = FastPool() if spec.transport == "fast" else s
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
-    result = LevelResult(concurrency=concurrency, n_requests=n_requests, repeats=[])
+    result = LevelResult(concurrency=concurrency, n_requests=n_requests, repeats=[], stagger=stagger)
     try:
         if warmup > 0:
             wrecs = await run_closed_loop(
-                stream,
-                spec,
-                prompts,
-                output_tokens,
-                min(concurrency, warmup),
-                warmup,
-                prompt_offset=(len(prompts) - warmup) % len(prompts),
+                stream, spec, prompts.warmup, output_tokens, min(concurrency, warmup), min(warmup, len(prompts.warmup))
             )
             result.warmup_errors = sum(1 for r in wrecs if not r.ok)
             if wrecs and all(not r.ok for r in wrecs):
                 result.meta["warmup_error"] = f"{wrecs[0].error_kind}: {wrecs[0].error}"
         for rep in range(repeats):
-            flushed = await flush_cache(s, spec.url, flush_timeout_s, headers) if flush else "skipped"
+            reset = await hooks.reset_cache(s, spec.url) if (hooks is not None and reset_cache) else "skipped"
+            idle = await probe_idle(idle_probe_s, lag_interval_s)
+            before = await hooks.counters(s, spec.url) if hooks is not None else None
             if isinstance(stream, FastPool):
                 await stream.prewarm(spec.url, concurrency)
+                stream.stats.reset()
             gc.collect()
             gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-level
             monitor = LoopLagMonitor(lag_interval_s).start()
+            host0 = host_snapshot(watch_cpus, server_pid)
+            cpu0 = usage_now()
             try:
-                recs = await run_closed_loop(stream, spec, prompts, output_tokens, concurrency, n_requests, on_done)
+                recs = await run_closed_loop(
+                    stream,
+                    spec,
+                    prompts.repeats[rep],
+                    output_tokens,
+                    concurrency,
+                    n_requests,
+                    stagger=stagger,
+                    duration_s=duration_s,
+                    on_done=on_done,
+                )
             finally:
+                cpu = usage_now().since(cpu0)
+                host = host_snapshot(watch_cpus, server_pid).since(host0)
                 lag = await monitor.stop()
                 gc.unfreeze()
-            sends = [r.send_s for r in recs if not np.isnan(r.send_s)]
-            t0 = min(sends) if sends else time.monotonic()
-            t0_unix = time.time() - (time.monotonic() - t0)
-            result.repeats.append(RepeatResult(rep, recs, t0, t0_unix, lag, flushed))
+            after = await hooks.counters(s, spec.url) if hooks is not None else None
+            stamps = stream.stats.summary() if isinstance(stream, FastPool) else {"reads": None, "kernel_share": 0.0}
+            sends = [r.send_s for r in recs if not math.isnan(r.send_s)]
+            t0 = min(sends) if sends else monotonic()
+            t0_unix = time.time() - (monotonic() - t0)
+            counters = (before, after) if before is not None and after is not None else None
+            result.repeats.append(
+                RepeatResult(
+                    rep,
+                    recs,
+                    t0,
+                    t0_unix,
+                    lag,
+                    reset,
+                    idle,
+                    counters,
+                    {**cpu, **host, "stamps": stamps, "transport": spec.transport},
+                    prompts.repeats[rep],
+                )
+            )
     finally:
         if isinstance(stream, FastPool):
             stream.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ WORDS: tuple[str, ...] = tuple(
 )
 
 Tokenizer = Callable[[str], Awaitable[int]]
+OutputSpec = int | dict[str, Any] | None  # workload.output_tokens: fixed, or {"uniform": [lo, hi]}
 
 
 @dataclass
@@ -80,14 +82,39 @@ def prompt_set_hash(prompts: list[str], output_tokens: list[int | None] | None =
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
-def synthetic_words(n_prompts: int, n_words: int, seed: int) -> list[list[str]]:
-    """Seeded word lists; a per-prompt leading index word keeps prompts from sharing a cached prefix."""
+def set_seed(seed: int, tag: str) -> int:
+    """A prompt set's own seed: the experiment's seed and the set's tag, stable across Python runs."""
+    return zlib.crc32(f"{seed}:{tag}".encode())
+
+
+def cell_tag(concurrency: int, repeat: int) -> str:
+    """The tag of a measured prompt set: one per (level, repeat), the same in every arm and variant."""
+    return f"c{concurrency}r{repeat}n"
+
+
+def warmup_tag(concurrency: int) -> str:
+    """The warm-up set's tag: never equal to a measured set's, so warm-up leaves no measured prefix cached."""
+    return f"w{concurrency}n"
+
+
+def synthetic_words(n_prompts: int, n_words: int, seed: int, tag: str = "p") -> list[list[str]]:
+    """Seeded word lists. The first word, `<tag><i>`, is unique to the set and the prompt: no two prompts sent
+    to a server share a cached prefix (beyond a BOS token)."""
     rng = random.Random(seed)
     out = []
     for i in range(n_prompts):
-        words = [f"p{i}"] + [rng.choice(WORDS) for _ in range(max(0, n_words - 1))]
+        words = [f"{tag}{i}"] + [rng.choice(WORDS) for _ in range(max(0, n_words - 1))]
         out.append(words[:n_words] if n_words > 0 else [])
     return out
+
+
+def output_lengths(n: int, spec: OutputSpec, seed: int) -> list[int | None]:
+    """Per-request output lengths: None (the level's fixed length) or seeded draws from `{uniform: [lo, hi]}`."""
+    if isinstance(spec, int | None) or spec is None:
+        return [None] * n
+    lo, hi = (int(x) for x in spec["uniform"])
+    rng = random.Random(seed ^ 0x5EED)
+    return [rng.randint(lo, hi) for _ in range(n)]
 
 
 def server_tokenizer(
@@ -148,19 +175,25 @@ async def make_prompts(
     seed: int = 0,
     tokenizer: Tokenizer | None = None,
     tokenizer_name: str = "server",
+    tag: str = "p",
+    output: OutputSpec = None,
 ) -> PromptSet:
-    """Seeded synthetic prompts of `input_tokens` tokens each (exact with a tokenizer that converges)."""
-    word_lists = synthetic_words(n_prompts, input_tokens, seed)
+    """Seeded synthetic prompts of `input_tokens` tokens each (exact with a tokenizer that converges).
+
+    `tag` starts every prompt's first word (see `synthetic_words`); `output` gives per-prompt output lengths
+    (None or a fixed int: the level's length)."""
+    word_lists = synthetic_words(n_prompts, input_tokens, seed, tag)
+    outs = output_lengths(n_prompts, output, seed)
     if tokenizer is None:
         texts = [" ".join(w) for w in word_lists]
-        return PromptSet(texts, [len(w) for w in word_lists], [None] * n_prompts, "synthetic", "words", False, seed)
+        return PromptSet(texts, [len(w) for w in word_lists], outs, "synthetic", "words", False, seed, {"tag": tag})
     texts, counts = [], []
     for i, w in enumerate(word_lists):
         text, n = await _fit(w, input_tokens, tokenizer, random.Random(seed * 1_000_003 + i))
         texts.append(text)
         counts.append(n)
     exact = all(c == input_tokens for c in counts)
-    return PromptSet(texts, counts, [None] * n_prompts, "synthetic", tokenizer_name, exact, seed)
+    return PromptSet(texts, counts, outs, "synthetic", tokenizer_name, exact, seed, {"tag": tag})
 
 
 async def _works(tok: Tokenizer) -> bool:
@@ -170,6 +203,29 @@ async def _works(tok: Tokenizer) -> bool:
     except (aiohttp.ClientError, RuntimeError, KeyError, ValueError, TimeoutError):
         return False
     return True
+
+
+async def _with_tokenizer(
+    build: Callable[[Tokenizer | None, str], Awaitable[Any]],
+    url: str | None,
+    model: str | None,
+    tokenizer_path: str | None,
+    headers: dict[str, str] | None,
+) -> Any:
+    """Call `build(tokenizer, name)` with the first tokenizer that works (see module doc)."""
+    if url:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            tok = server_tokenizer(s, url, model, headers)
+            if await _works(tok):
+                return await build(tok, "server")
+    if tokenizer_path:
+        try:
+            ftok: Tokenizer | None = file_tokenizer(tokenizer_path)
+        except Exception:  # any failure (package missing, file unreadable) means: fall back
+            ftok = None
+        if ftok is not None:
+            return await build(ftok, "tokenizers")
+    return await build(None, "words")
 
 
 async def make_prompts_auto(
@@ -182,19 +238,95 @@ async def make_prompts_auto(
     headers: dict[str, str] | None = None,
 ) -> PromptSet:
     """Try the server's /tokenize, then a tokenizer file, then the word approximation (see module doc)."""
-    if url:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-            tok = server_tokenizer(s, url, model, headers)
-            if await _works(tok):
-                return await make_prompts(n_prompts, input_tokens, seed, tok, "server")
-    if tokenizer_path:
-        try:
-            tok = file_tokenizer(tokenizer_path)
-        except Exception:  # any failure (package missing, file unreadable) means: fall back
-            tok = None
-        if tok is not None:
-            return await make_prompts(n_prompts, input_tokens, seed, tok, "tokenizers")
-    return await make_prompts(n_prompts, input_tokens, seed)
+
+    async def build(tok: Tokenizer | None, name: str) -> PromptSet:
+        return await make_prompts(n_prompts, input_tokens, seed, tok, name)
+
+    return await _with_tokenizer(build, url, model, tokenizer_path, headers)
+
+
+@dataclass
+class LevelPrompts:
+    """A level's prompts: the warm-up set and one measured set per repeat, pairwise disjoint.
+
+    Why per repeat: a prompt sent twice to one server can be answered from its prefix cache, which makes the
+    later measurement faster than the first; sets are derived from (seed, C, repeat), so every arm and variant
+    sends the same requests in the same cell (the comparison stays paired) and no measured prompt repeats."""
+
+    warmup: PromptSet
+    repeats: list[PromptSet]
+    unique: bool  # False when a prompts file had to be cycled: prompts then repeat, only a cache reset helps
+
+    def describe(self) -> dict[str, Any]:
+        first = self.repeats[0].describe()
+        return {
+            **first,
+            "prompt_set_sha256": prompt_set_hash(
+                [p for s in self.repeats for p in s.prompts], [o for s in self.repeats for o in s.output_tokens]
+            ),
+            "prompt_count": sum(len(s) for s in self.repeats),
+            "prompt_sets": [{"tag": s.meta.get("tag"), "sha256": s.sha256, "count": len(s)} for s in self.repeats],
+            "prompts_unique": self.unique,
+            "warmup_prompt_set_sha256": self.warmup.sha256 if len(self.warmup) else None,
+        }
+
+
+async def level_prompts(
+    concurrency: int,
+    n_per_repeat: int,
+    repeats: int,
+    n_warmup: int,
+    input_tokens: int,
+    seed: int = 0,
+    output: OutputSpec = None,
+    prompts_file: str | Path | None = None,
+    url: str | None = None,
+    model: str | None = None,
+    tokenizer_path: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> LevelPrompts:
+    """The warm-up set and the measured sets of one level (see LevelPrompts), fitted with one tokenizer."""
+    if prompts_file:
+        return _file_level_prompts(Path(prompts_file), concurrency, n_per_repeat, repeats, n_warmup, seed, output)
+
+    async def build(tok: Tokenizer | None, name: str) -> LevelPrompts:
+        async def one(n: int, tag: str) -> PromptSet:
+            return await make_prompts(n, input_tokens, set_seed(seed, tag), tok, name, tag, output)
+
+        warm = await one(n_warmup, warmup_tag(concurrency))
+        sets = [await one(n_per_repeat, cell_tag(concurrency, r)) for r in range(repeats)]
+        return LevelPrompts(warm, sets, unique=True)
+
+    return await _with_tokenizer(build, url, model, tokenizer_path, headers)
+
+
+def _file_level_prompts(
+    path: Path, concurrency: int, n_per_repeat: int, repeats: int, n_warmup: int, seed: int, output: OutputSpec
+) -> LevelPrompts:
+    """A prompts file split into disjoint sets where it is long enough; cycled (and said so) where not."""
+    base = load_prompts_file(path)
+    n = len(base)
+    need = n_warmup + repeats * n_per_repeat
+    start = set_seed(seed, f"c{concurrency}") % n  # levels start at different places in the file
+
+    def take(offset: int, count: int, tag: str) -> PromptSet:
+        idx = [(start + offset + i) % n for i in range(count)]
+        outs = [base.output_tokens[i] for i in idx]
+        if all(o is None for o in outs):
+            outs = output_lengths(count, output, set_seed(seed, tag))
+        return PromptSet(
+            [base.prompts[i] for i in idx],
+            [base.input_tokens[i] for i in idx],
+            outs,
+            base.source,
+            "words",
+            False,
+            None,
+            {"tag": tag},
+        )
+
+    sets = [take(n_warmup + r * n_per_repeat, n_per_repeat, cell_tag(concurrency, r)) for r in range(repeats)]
+    return LevelPrompts(take(0, n_warmup, warmup_tag(concurrency)), sets, unique=need <= n)
 
 
 def load_prompts_file(path: str | Path, n_prompts: int | None = None) -> PromptSet:

@@ -25,6 +25,7 @@ class ServerSpec:
     client_backend: str = "sglang"  # which client API the cells use: "sglang" (native /generate) or "openai"
     source: str = "real"  # "simulated" or "real": printed with every number
     secret_env: tuple[str, ...] = ()  # names of env vars that hold secrets (values never stored)
+    cpus: tuple[int, ...] | None = None  # CPU affinity of the whole server process tree (None: not pinned)
 
     @property
     def base_url(self) -> str:
@@ -39,6 +40,7 @@ class ServerSpec:
             "argv": _without_port(argv),
             "env": {k: v for k, v in sorted(self.env.items())},
             "resource": self.resource,
+            "cpus": list(self.cpus) if self.cpus else None,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -50,6 +52,7 @@ class ServerSpec:
         d["identity"] = self.identity
         d["readiness_paths"] = list(self.readiness_paths)
         d["secret_env"] = list(self.secret_env)
+        d["cpus"] = list(self.cpus) if self.cpus else None
         return d
 
 
@@ -84,7 +87,11 @@ class Engine(Protocol):
         """The server's own facts (version, speculative settings, running-request cap); {} when unavailable."""
         ...
 
-    async def spec_counters(self, session: Any, base_url: str) -> dict[str, float] | None:
-        """Cumulative speculative-decoding counters (for per-cell deltas), or None if the engine reports
-        accept length per request instead (SGLang's spec_verify_ct)."""
+    async def counters(self, session: Any, base_url: str) -> dict[str, float] | None:
+        """Cumulative spec-decode and prefix-cache counters (for per-repeat deltas); None when the engine
+        reports these per request instead (SGLang: spec_verify_ct, cached_tokens) or they cannot be read."""
+        ...
+
+    async def reset_cache(self, session: Any, base_url: str) -> str:
+        """Empty the server's prefix cache before a repeat; returns the outcome for the summary."""
         ...

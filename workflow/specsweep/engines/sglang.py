@@ -9,102 +9,12 @@ SGLang's docs; see docs/engines.md.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+import aiohttp
+
 from specsweep.engines.base import ServerSpec
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_STARTUP_TIMEOUT_S = 900.0
-
-
-# ---- helpers shared with engines/vllm.py ---------------------------------------------------------------
-
-
-def as_args(value: Any, what: str) -> list[str]:
-    """A config's `server_args` as a list of strings (a single string is split on whitespace)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return value.split()
-    if isinstance(value, list | tuple):
-        return [str(v) for v in value]
-    raise TypeError(f"{what}: server_args must be a list of strings, got {type(value).__name__}")
-
-
-def has_flag(args: list[str], prefix: str) -> bool:
-    """Whether any argument is a flag starting with `prefix` (either `--flag value` or `--flag=value`)."""
-    return any(a.startswith(prefix) for a in args)
-
-
-def server_env(variant: dict[str, Any]) -> dict[str, str]:
-    """Extra environment of the server: CUDA_VISIBLE_DEVICES from `gpus`, then the variant's `env_vars`."""
-    env: dict[str, str] = {}
-    gpus = variant.get("gpus")
-    if gpus not in (None, ""):
-        env["CUDA_VISIBLE_DEVICES"] = str(gpus).replace(" ", "")
-    for k, v in (variant.get("env_vars") or {}).items():
-        env[str(k)] = str(v)
-    return env
-
-
-def resource_of(variant: dict[str, Any]) -> str:
-    """What the server holds exclusively: its GPU set, or the host's CPUs when it has none."""
-    gpus = variant.get("gpus")
-    if gpus not in (None, ""):
-        return "gpus:" + str(gpus).replace(" ", "")
-    return "cpu"
-
-
-def api_key_args(variant: dict[str, Any]) -> tuple[list[str], tuple[str, ...]]:
-    """`--api-key VALUE` read from the env var named by `api_key_env` at launch time, and the secret names."""
-    name = variant.get("api_key_env")
-    if not name:
-        return [], ()
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(
-            f"api_key_env names {name!r} but that environment variable is not set "
-            f"(fix: export {name}=<key> before running, or remove api_key_env from the variant)"
-        )
-    return ["--api-key", value], (name,)
-
-
-def check_speculation(engine: str, arm_name: str, arm: dict[str, Any], args: list[str], prefix: str) -> None:
-    """An arm's `speculative` flag must agree with its server arguments (no silent baseline-vs-baseline)."""
-    spec = bool(arm.get("speculative", False))
-    has = has_flag(args, prefix)
-    if spec and not has:
-        raise ValueError(
-            f"{engine} arm {arm_name!r} is speculative but its server_args have no {prefix}* flag "
-            f"(fix: add the speculative flags to the arm's server_args)"
-        )
-    if not spec and has:
-        raise ValueError(
-            f"{engine} arm {arm_name!r} is not speculative but its server_args contain {prefix}* flags "
-            f"(fix: set speculative: true, or move the flags to the speculative arm)"
-        )
-
-
-async def get_json(session: Any, url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """(status, parsed JSON or None) of a GET; (0, None) when the server cannot be reached."""
-    try:
-        async with session.get(url, headers=headers) as resp:
-            if resp.status != 200:
-                return resp.status, None
-            try:
-                return 200, await resp.json(content_type=None)
-            except ValueError:
-                return 200, None
-    except Exception:  # connection refused, timeout, ... : the caller treats it as "unavailable"
-        return 0, None
-
-
-def auth_headers(api_key_env: str | None) -> dict[str, str] | None:
-    if api_key_env and os.environ.get(api_key_env):
-        return {"Authorization": f"Bearer {os.environ[api_key_env]}"}
-    return None
-
+from specsweep.engines.common import auth_headers, get_json, post_flush_cache, real_server_spec, require_model
 
 # ---- the engine -------------------------------------------------------------------------------------------
 
@@ -115,53 +25,6 @@ SPEC_FIELDS = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
 )
-
-
-def require_model(engine: str, variant: dict[str, Any]) -> str:
-    model = variant.get("model")
-    if not model:
-        raise ValueError(f"{engine} variant needs `model` (a model path or Hugging Face id)")
-    return str(model)
-
-
-def real_server_spec(
-    engine: str,
-    launcher: list[str],
-    speculative_prefix: str,
-    variant: dict[str, Any],
-    arm_name: str,
-    arm: dict[str, Any],
-    host: str,
-    port: int,
-    readiness_paths: tuple[str, ...],
-    default_backend: str,
-) -> ServerSpec:
-    """A real engine's server: launcher, host/port, the variant's then the arm's flags, the API key last.
-
-    Argument order: variant `server_args`, arm `server_args`, the variant's `arm_server_args[arm]`. The arm's
-    `speculative` flag must agree with the speculative flags it ends up with.
-    """
-    host = host or variant.get("host") or DEFAULT_HOST
-    vargs = as_args(variant.get("server_args"), "variant")
-    aargs = as_args(arm.get("server_args"), f"arm {arm_name}")
-    extra = as_args((variant.get("arm_server_args") or {}).get(arm_name), f"arm_server_args.{arm_name}")
-    check_speculation(engine, arm_name, arm, vargs + aargs + extra, speculative_prefix)
-    key_args, secret = api_key_args(variant)
-    argv = [*launcher, "--host", str(host), "--port", str(int(port)), *vargs, *aargs, *extra, *key_args]
-    env = {**server_env(variant), **{str(k): str(v) for k, v in (arm.get("env_vars") or {}).items()}}
-    return ServerSpec(
-        engine=engine,
-        argv=argv,
-        host=str(host),
-        port=int(port),
-        resource=resource_of(variant),
-        env=env,
-        readiness_paths=readiness_paths,
-        startup_timeout_s=float(variant.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
-        client_backend=str(variant.get("client_backend") or default_backend),
-        source="real",
-        secret_env=secret,
-    )
 
 
 class SGLangEngine:
@@ -198,8 +61,12 @@ class SGLangEngine:
             return {}
         return summarize_server_info(raw, endpoint)
 
-    async def spec_counters(self, session: Any, base_url: str) -> dict[str, float] | None:
-        return None  # accept length per request: completion_tokens / meta_info.spec_verify_ct
+    async def counters(self, session: Any, base_url: str) -> dict[str, float] | None:
+        return None  # per request instead: meta_info.spec_verify_ct (accept length), meta_info.cached_tokens
+
+    async def reset_cache(self, session: aiohttp.ClientSession, base_url: str) -> str:
+        """`POST /flush_cache`: empties the radix (prefix) cache; answers 400 while requests run (retried)."""
+        return await post_flush_cache(session, base_url, auth_headers(self.api_key_env))
 
 
 def summarize_server_info(raw: dict[str, Any], endpoint: str = "/server_info") -> dict[str, Any]:

@@ -5,9 +5,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import aiohttp
+
 from specsweep.engines.base import ServerSpec
-from specsweep.engines.sglang import api_key_args, auth_headers, get_json, resource_of, summarize_server_info
-from specsweep.engines.vllm import counters_from_metrics
+from specsweep.engines.common import (
+    api_key_args,
+    auth_headers,
+    engine_counters,
+    get_json,
+    post_flush_cache,
+    resource_of,
+    server_cpus,
+)
+from specsweep.engines.sglang import summarize_server_info
 
 
 class SimEngine:
@@ -49,6 +59,7 @@ class SimEngine:
             client_backend=variant.get("client_backend") or "sglang",
             source="simulated",
             secret_env=secret,
+            cpus=server_cpus(variant),
         )
 
     async def server_info(self, session: Any, base_url: str) -> dict[str, Any]:
@@ -56,12 +67,13 @@ class SimEngine:
         status, raw = await get_json(session, base_url + "/server_info", auth_headers(self.api_key_env))
         return summarize_server_info(raw, "/server_info") if isinstance(raw, dict) else {}
 
-    async def spec_counters(self, session: Any, base_url: str) -> dict[str, float] | None:
-        """vLLM-named counters on /metrics; used when the client talks OpenAI (no spec_verify_ct)."""
-        async with session.get(base_url + "/metrics", headers=auth_headers(self.api_key_env)) as resp:
-            if resp.status != 200:
-                return None
-            return counters_from_metrics(await resp.text())
+    async def counters(self, session: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
+        """vLLM-named spec-decode and prefix-cache counters on /metrics (the sim mirrors both engines)."""
+        return await engine_counters(session, base_url, auth_headers(self.api_key_env))
+
+    async def reset_cache(self, session: aiohttp.ClientSession, base_url: str) -> str:
+        """`POST /flush_cache`, as SGLang (the sim's prefix cache also answers vLLM's /reset_prefix_cache)."""
+        return await post_flush_cache(session, base_url, auth_headers(self.api_key_env))
 
 
 ENGINE = SimEngine()

@@ -5,59 +5,31 @@ Command: `<python> -m vllm.entrypoints.openai.api_server --model M --host H --po
 `vllm` console script (which fails on package metadata in the CPU build, and which a relocated environment
 may not have). Speculation is configured by `--speculative-config '<json>'` in the arm's server_args.
 
-Counters (Prometheus text at `/metrics`, summed over label sets):
-`vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_draft_tokens_total`,
-`vllm:spec_decode_num_accepted_tokens_total`; gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`.
-A per-cell accept length is `1 + d(accepted) / d(drafts)` between two snapshots (tokens per verify step).
+Counters (Prometheus text at `/metrics`, summed over label sets; engines/common.py): spec decode
+(`vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`) and prefix
+cache (`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`), read before and after each repeat.
+A repeat's accept length is `1 + d(accepted) / d(drafts)` (tokens per verify step), its prefix-cache hit rate
+`d(hits) / d(queries)`. The cache is reset before each repeat (`POST /reset_prefix_cache`, dev mode).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 from typing import Any
 
+import aiohttp
+
+from specsweep.client.cpu import format_cpus
 from specsweep.engines.base import ServerSpec
-from specsweep.engines.prometheus import samples
-from specsweep.engines.sglang import (
+from specsweep.engines.common import (
     auth_headers,
+    engine_counters,
     get_json,
+    post_reset_prefix_cache,
     real_server_spec,
     require_model,
 )
-
-COUNTERS = {
-    "vllm:spec_decode_num_drafts_total": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
-}
-GAUGES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-}
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum of each sample's values over all label sets ({sample name: total}); NaN samples skipped."""
-    return samples(text)
-
-
-def counters_from_metrics(text: str) -> dict[str, float]:
-    """The spec-decode counters and request gauges from `/metrics` text.
-
-    `spec_decode_present` is 1.0 when the server exports spec-decode counters at all (a server without
-    speculation exports none; its counters read 0.0)."""
-    totals = parse_prometheus(text)
-    out: dict[str, float] = {}
-    present = False
-    for metric, key in COUNTERS.items():
-        if metric in totals:
-            present = True
-        out[key] = totals.get(metric, 0.0)
-    for metric, key in GAUGES.items():
-        out[key] = totals.get(metric, math.nan)
-    out["spec_decode_present"] = 1.0 if present else 0.0
-    return out
 
 
 def speculative_config_from_argv(argv: list[str]) -> dict[str, Any] | None:
@@ -101,6 +73,7 @@ class VLLMEngine:
         spec = real_server_spec(
             self.name, launcher, "--speculative", variant, arm_name, arm, host, port, self.readiness_paths, "openai"
         )
+        spec = dataclasses.replace(spec, env=launch_env(spec.env, spec.cpus, bool(variant.get("gpus"))))
         self._spec_config[spec.base_url] = speculative_config_from_argv(spec.argv)
         return spec
 
@@ -128,25 +101,26 @@ class VLLMEngine:
         }
         return info
 
-    async def spec_counters(self, session: Any, base_url: str) -> dict[str, float] | None:
-        """Cumulative counters from `/metrics` ({} on failure: the caller marks accept length unknown)."""
-        try:
-            async with session.get(base_url.rstrip("/") + "/metrics", headers=auth_headers(self.api_key_env)) as r:
-                if r.status != 200:
-                    return {}
-                text = await r.text()
-        except Exception:
-            return {}
-        return counters_from_metrics(text)
+    async def counters(self, session: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
+        """Cumulative spec-decode and prefix-cache counters from `/metrics`; None when unreadable."""
+        return await engine_counters(session, base_url, auth_headers(self.api_key_env))
+
+    async def reset_cache(self, session: aiohttp.ClientSession, base_url: str) -> str:
+        """`POST /reset_prefix_cache`, served because the launcher sets VLLM_SERVER_DEV_MODE=1."""
+        return await post_reset_prefix_cache(session, base_url, auth_headers(self.api_key_env))
 
 
-def accept_length(before: dict[str, float], after: dict[str, float]) -> float:
-    """Tokens per verify step between two counter snapshots: 1 + accepted/drafts (NaN without drafts)."""
-    drafts = after.get("num_drafts", 0.0) - before.get("num_drafts", 0.0)
-    accepted = after.get("num_accepted_tokens", 0.0) - before.get("num_accepted_tokens", 0.0)
-    if drafts <= 0:
-        return math.nan
-    return 1.0 + accepted / drafts
+def launch_env(env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool) -> dict[str, str]:
+    """The server's environment with what specsweep needs of vLLM, unless the config sets it already:
+
+    - VLLM_SERVER_DEV_MODE=1, so `POST /reset_prefix_cache` exists and each repeat starts with a cold cache;
+    - on the CPU build with a CPU set, VLLM_CPU_OMP_THREADS_BIND to that set: vLLM's automatic binding picks
+      cores by itself and leaves one for its scheduler process, which may be the client's.
+    """
+    out = {"VLLM_SERVER_DEV_MODE": "1", **env}
+    if cpus and not gpus:
+        out.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpus(cpus) or "auto")
+    return out
 
 
 ENGINE = VLLMEngine()

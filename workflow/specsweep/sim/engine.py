@@ -131,11 +131,17 @@ class Engine:
         self.accepted_draft_tokens = 0
         self.requests_finished = 0
 
-    def new_request(self, prompt_tokens: int, max_new_tokens: int, arrival: float = 0.0) -> SimRequest:
-        """Create and enqueue a request; its acceptance draws come from its own seeded stream."""
+    def new_request(
+        self, prompt_tokens: int, max_new_tokens: int, arrival: float = 0.0, cached_tokens: int = 0
+    ) -> SimRequest:
+        """Create and enqueue a request; its acceptance draws come from its own seeded stream.
+
+        `cached_tokens` of the prompt come from a prefix cache and need no prefill (the last prompt token is
+        always computed: it yields the first output token)."""
         rid = self._next_rid
         self._next_rid += 1
         req = SimRequest(rid=rid, prompt_tokens=max(1, prompt_tokens), max_new_tokens=max_new_tokens, arrival=arrival)
+        req.prefilled = max(0, min(cached_tokens, req.prompt_tokens - 1))
         if self.speculative:
             req.rng = random.Random(self.seed * 1_000_003 + rid)
         self.waiting.append(req)

@@ -24,6 +24,7 @@ from aiohttp import web
 from specsweep.aio import cancel_and_wait
 from specsweep.sim.engine import ADMISSION_MAX_S, ADMISSION_WINDOW_S, Engine, SimRequest, StepResult
 from specsweep.sim.faults import FaultConfig, FaultState, add_fault_arguments, faults_from_args
+from specsweep.sim.prefixcache import PrefixCache
 from specsweep.sim.profile import Profile, load_profile
 
 SIM_VERSION = "0.1.0-sim"
@@ -44,6 +45,15 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
+def prompt_words(text: Any) -> list[str]:
+    """A prompt's tokens (words), from text, a list of texts or a list of token ids."""
+    if isinstance(text, list):
+        if text and isinstance(text[0], int):
+            return [str(t) for t in text]
+        return " ".join(map(str, text)).split()
+    return str(text or "").split()
+
+
 @dataclass(eq=False)
 class Stream:
     """A request's link from the engine loop to its HTTP handler."""
@@ -52,6 +62,7 @@ class Stream:
     sent_at: float
     pending: int = 0  # tokens emitted by the engine, not yet written
     verify_ct: int = 0  # verify passes behind the tokens delivered so far (the engine may be a step ahead)
+    cached: int = 0  # prompt tokens served from the prefix cache
     done: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -77,6 +88,7 @@ class SimServer:
         self.debug_timestamps = debug_timestamps
         self.faults = faults or FaultConfig()
         self.fault_state = FaultState(self.faults, seed)
+        self.prefix_cache = PrefixCache()
         self.model_name = f"specsweep-sim/{profile.name}"
         self.started_at = time.monotonic()
         self.tokens_emitted = 0
@@ -103,6 +115,7 @@ class SimServer:
         r.add_get("/server_info", self.server_info)
         r.add_get("/get_server_info", self.server_info)
         r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         r.add_get("/metrics", self.metrics)
         r.add_post("/tokenize", self.tokenize)
         r.add_post("/generate", self.generate)
@@ -180,10 +193,11 @@ class SimServer:
             sys.stdout.flush()
             os._exit(3)
 
-    def _submit(self, prompt_tokens: int, max_new_tokens: int) -> Stream:
+    def _submit(self, tokens: list[str], max_new_tokens: int) -> Stream:
         now = time.monotonic()
-        req = self.engine.new_request(prompt_tokens, max_new_tokens, arrival=now)
-        stream = Stream(req=req, sent_at=now)
+        cached = self.prefix_cache.lookup_and_insert(tokens)
+        req = self.engine.new_request(len(tokens), max_new_tokens, arrival=now, cached_tokens=cached)
+        stream = Stream(req=req, sent_at=now, cached=req.prefilled)
         req.tag = stream
         self.requests_total += 1
         assert self._wake is not None
@@ -288,9 +302,18 @@ class SimServer:
         return web.json_response(self.info())
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang's: 400 while requests run, else the prefix cache is emptied."""
         if self.engine.has_work:
             return web.Response(status=400, text="Cache not flushed. Please check if there are running requests.")
+        self.prefix_cache.reset()
         return web.Response(text="Cache flushed.\n")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's (dev mode): `{"success": false}` while running requests hold blocks."""
+        if self.engine.has_work:
+            return web.json_response({"success": False})
+        self.prefix_cache.reset()
+        return web.json_response({"success": True})
 
     async def metrics(self, request: web.Request) -> web.Response:
         e = self.engine
@@ -308,6 +331,10 @@ class SimServer:
             f"vllm:num_requests_waiting{label} {len(e.waiting)}",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {e.tokens_emitted}",
+            "# TYPE vllm:prefix_cache_queries counter",
+            f"vllm:prefix_cache_queries_total{label} {self.prefix_cache.queries}",
+            "# TYPE vllm:prefix_cache_hits counter",
+            f"vllm:prefix_cache_hits_total{label} {self.prefix_cache.hits}",
         ]
         if self.speculative:
             k = self.profile.speculative.draft_tokens
@@ -355,16 +382,17 @@ class SimServer:
         """SGLang native /generate: cumulative `text`, `meta_info` per chunk, `data: [DONE]` at the end."""
         body = await _json_body(request)
         if "input_ids" in body and body["input_ids"] is not None:
-            prompt_tokens = len(body["input_ids"])
+            tokens = prompt_words(list(body["input_ids"]))
         else:
-            text = body.get("text", "")
-            prompt_tokens = count_tokens(text if isinstance(text, str) else " ".join(map(str, text)))
+            tokens = prompt_words(body.get("text", ""))
+        prompt_tokens = len(tokens)
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err
-        stream = self._submit(prompt_tokens, max_new)
+        stream = self._submit(tokens, max_new)
+        cached = stream.cached
         rid = f"{stream.req.rid:032x}"
         words = _words(max_new)
 
@@ -373,7 +401,7 @@ class SimServer:
                 "id": rid,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": pos,
-                "cached_tokens": 0,
+                "cached_tokens": cached,
                 "finish_reason": {"type": "length", "length": pos} if finished else None,
             }
             if finished:
@@ -406,12 +434,14 @@ class SimServer:
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         """OpenAI completions / chat completions, with vLLM's continuous_usage_stats option."""
         body = await _json_body(request)
-        prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+        tokens = _chat_prompt(body) if chat else _completion_prompt(body)
+        prompt_tokens = len(tokens)
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err
-        stream = self._submit(prompt_tokens, max_new)
+        stream = self._submit(tokens, max_new)
+        cached = stream.cached
         words = _words(max_new)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
         created = int(time.time())
@@ -420,8 +450,13 @@ class SimServer:
         include_usage = bool(opts.get("include_usage"))
         continuous = include_usage and bool(opts.get("continuous_usage_stats"))
 
-        def usage(n: int) -> dict[str, int]:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        def usage(n: int) -> dict[str, Any]:
+            return {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
 
         try:
             if not body.get("stream"):
@@ -502,25 +537,25 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+def _completion_prompt(body: dict[str, Any]) -> list[str]:
+    """The prompt's tokens of an OpenAI completions body (text, [text] or token ids)."""
     prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        if prompt and isinstance(prompt[0], int):
-            return len(prompt)
-        prompt = prompt[0] if prompt else ""
-        if isinstance(prompt, list):
-            return len(prompt)
-    return count_tokens(str(prompt))
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt_words(prompt)
 
 
-def _chat_prompt_tokens(body: dict[str, Any]) -> int:
-    n = 0
+def _chat_prompt(body: dict[str, Any]) -> list[str]:
+    """The tokens of every message's content, in order (the sim applies no chat template)."""
+    words: list[str] = []
     for msg in body.get("messages") or []:
         content = msg.get("content", "") if isinstance(msg, dict) else ""
         if isinstance(content, list):
             content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-        n += count_tokens(str(content or ""))
-    return n
+        words += prompt_words(str(content or ""))
+    return words
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,11 +15,22 @@ from typing import Any
 
 from aiohttp import web
 
+SEEN = web.AppKey("seen", list)
+
+
+def _text(body: dict[str, Any]) -> str:
+    return body.get("text") or body.get("prompt") or body["messages"][0]["content"]
+
 
 def _mode(body: dict[str, Any]) -> str:
-    text = body.get("text") or body.get("prompt") or body["messages"][0]["content"]
+    text = _text(body)
     first = text.split()[0] if text.split() else ""
     return first[5:] if first.startswith("mode:") else "ok"
+
+
+def _remember(request: web.Request, body: dict[str, Any]) -> None:
+    """Every prompt the server was sent, in order (tests check that no measured prompt repeats)."""
+    request.app[SEEN].append(_text(body))
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
@@ -38,6 +49,7 @@ async def _send(resp: web.StreamResponse, obj: Any) -> None:
 async def generate(request: web.Request) -> web.StreamResponse:
     """SGLang-native /generate with modes ok (chunks of 1,2,1 tokens), malformed, truncated, ..."""
     body = await request.json()
+    _remember(request, body)
     mode = _mode(body)
     n = body["sampling_params"]["max_new_tokens"]
     if mode == "http500":
@@ -92,6 +104,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """OpenAI /v1/completions and /v1/chat/completions; mode `nousage` omits per-chunk usage."""
     body = await request.json()
+    _remember(request, body)
     mode = _mode(body)
     chat = request.path.endswith("chat/completions")
     n = body["max_tokens"]
@@ -144,9 +157,14 @@ class FlushState:
 
 
 @asynccontextmanager
-async def fake_server(flush: FlushState | None = None, with_tokenize: bool = True) -> AsyncIterator[str]:
-    """Run the fake engine on 127.0.0.1:<ephemeral>; always stopped on exit, even when the test fails."""
+async def fake_server(
+    flush: FlushState | None = None, with_tokenize: bool = True, seen: list[str] | None = None
+) -> AsyncIterator[str]:
+    """Run the fake engine on 127.0.0.1:<ephemeral>; always stopped on exit, even when the test fails.
+
+    `seen` collects the prompts sent, in arrival order."""
     app = web.Application()
+    app[SEEN] = seen if seen is not None else []
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", completions)

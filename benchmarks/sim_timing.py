@@ -2,7 +2,9 @@
 
 Starts `specsweep.sim.server` in a subprocess (its own core), drives it with the sim's own minimal
 closed-loop client (specsweep.sim.loadcheck) and compares the steady-window aggregate throughput with the
-virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1.
+virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1. Both sides use
+the pipeline's staggered slots (C ramp requests, then the measured ones; `--no-stagger` for none) and the
+metrics module's steady window.
 Run: .venv/bin/python benchmarks/sim_timing.py [--profile demo] [--speculative] [--levels 1,10,70,250]
 """
 
@@ -14,7 +16,7 @@ import asyncio
 import aiohttp
 
 from specsweep.sim.loadcheck import closed_loop, sim_server
-from specsweep.sim.predict import requests_for_level, simulate_level
+from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import load_profile
 
 
@@ -29,30 +31,41 @@ def main() -> int:
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--speculative", action="store_true")
     ap.add_argument("--levels", default="1,10,70,250")
-    ap.add_argument("--input-tokens", type=int, default=128)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--requests-per-concurrency", type=int, default=2)
-    ap.add_argument("--requests-floor", type=int, default=8)
+    ap.add_argument("--input-tokens", type=int, default=WORKLOAD_DEFAULTS["input_tokens"])
+    ap.add_argument("--output-tokens", type=int, default=WORKLOAD_DEFAULTS["output_tokens"])
+    ap.add_argument("--requests-per-concurrency", type=float, default=WORKLOAD_DEFAULTS["requests_per_concurrency"])
+    ap.add_argument("--requests-floor", type=int, default=WORKLOAD_DEFAULTS["requests_floor"])
+    ap.add_argument("--stagger", action=argparse.BooleanOptionalAction, default=WORKLOAD_DEFAULTS["stagger"])
     args = ap.parse_args()
     profile = load_profile(args.profile)
     levels = [int(x) for x in args.levels.split(",")]
     argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
-    print(f"profile={profile.name} speculative={args.speculative} in={args.input_tokens} out={args.output_tokens}")
+    print(
+        f"profile={profile.name} speculative={args.speculative} in={args.input_tokens} out={args.output_tokens} "
+        f"stagger={args.stagger}"
+    )
     print("drift = achieved / model - 1; 'total' = all tokens / (last end - first send), 'steady' = steady window")
     print(
         f"{'C':>5} {'N':>5} {'model tok/s':>12} {'achieved':>10} {'total':>7} {'steady':>7} {'E2E':>7} "
         f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6}"
     )
     with sim_server(*argv) as url:
-        asyncio.run(closed_loop(url, 1, 2, args.input_tokens, args.output_tokens))  # warm-up
+        asyncio.run(closed_loop(url, 1, 2, args.input_tokens, args.output_tokens, stagger=False))  # warm-up
         sent = 2  # the server numbers requests; ids seed acceptance draws, so the model replays the same ids
         for c in levels:
             n = requests_for_level(c, args.requests_per_concurrency, args.requests_floor)
             model = simulate_level(
-                profile, args.speculative, c, n, args.input_tokens, args.output_tokens, first_rid=sent
+                profile,
+                args.speculative,
+                c,
+                n,
+                args.input_tokens,
+                args.output_tokens,
+                first_rid=sent,
+                stagger=args.stagger,
             )
-            sent += n
-            got = asyncio.run(closed_loop(url, c, n, args.input_tokens, args.output_tokens))
+            sent += n + model.ramp_requests
+            got = asyncio.run(closed_loop(url, c, n, args.input_tokens, args.output_tokens, stagger=args.stagger))
             total = got.aggregate_total_tok_s / model.aggregate_total_tok_s - 1
             steady = got.aggregate_tok_s / model.aggregate_tok_s - 1
             e2e = got.e2e_s / model.e2e_s - 1

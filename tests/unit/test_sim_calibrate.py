@@ -57,15 +57,20 @@ def test_calibrate_cli_to_seed_table_within_5_percent(tmp_path, capsys):
         assert abs(cal.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.05, t.label
 
 
-def _write_cell(root, variant, arm, c, tok_s, w, key="aggregate_tok_s"):
+def _write_cell(root, variant, arm, c, tok_s, w, n_requests, key="output_tok_s_steady", stagger=True):
+    """A cell summary as the pipeline writes it (workload.n_requests measured, workload.stagger, metrics)."""
     d = root / variant / arm / f"c{c}"
     d.mkdir(parents=True)
+    workload = {"input_tokens_mean": float(w["input_tokens"]), "output_tokens": w["output_tokens"]}
+    workload["n_requests"] = n_requests
+    if stagger is not None:  # None: a cell written before the client staggered its slots (no such key)
+        workload["stagger"] = stagger
     (d / "summary.json").write_text(
         json.dumps(
             {
                 "cell": {"variant": variant, "arm": arm, "concurrency": c},
-                "workload": {"input_tokens": w["input_tokens"], "output_tokens": w["output_tokens"]},
-                "metrics": {key: tok_s},
+                "workload": workload,
+                "metrics": {key: tok_s} if isinstance(key, str) else dict(zip(key, tok_s, strict=True)),
                 "validity": {"valid": True},
             }
         )
@@ -73,23 +78,61 @@ def _write_cell(root, variant, arm, c, tok_s, w, key="aggregate_tok_s"):
 
 
 def test_few_baseline_cells_give_the_baseline_curve(tmp_path):
-    """Truth: a profile; measured: its speculative sweep + 3 baseline cells; fit from a perturbed base."""
+    """Truth: a profile; measured (as the pipeline measures: staggered slots, steady window): its speculative
+    sweep + 3 baseline cells; fit from a perturbed base."""
     truth = load_profile("kimi-k25-cu130-fusion").with_params({"step.per_context_token_s": 0.0000002})
     w = cal.workload_of(truth)
     n = {c: requests_for_level(c, w["requests_per_concurrency"], w["requests_floor"]) for c in DEFAULT_LEVELS}
 
     def true_tok_s(spec: bool, c: int) -> float:
-        return simulate_level(truth, spec, c, n[c], w["input_tokens"], w["output_tokens"]).aggregate_tok_s
+        return simulate_level(truth, spec, c, n[c], w["input_tokens"], w["output_tokens"], stagger=True).aggregate_tok_s
 
     for c in DEFAULT_LEVELS:
-        _write_cell(tmp_path, "sim", "eagle3", c, true_tok_s(True, c), w)
+        _write_cell(tmp_path, "sim", "eagle3", c, true_tok_s(True, c), w, n[c], key="aggregate_tok_s")
     for c in (1, 10, 100):
-        _write_cell(tmp_path, "sim", "baseline", c, true_tok_s(False, c), w, key="output_tok_s_steady")
+        _write_cell(tmp_path, "sim", "baseline", c, true_tok_s(False, c), w, n[c])
     base = truth.with_params(PERTURB)
     targets = cal.load_targets(tmp_path, "eagle3", w, variant="sim")
     assert len(targets) == 11
+    assert all(t.stagger and t.throughput == "steady" for t in targets)
     fitted, pairs = cal.fit_profile(base, targets)
     assert max(abs(s / t.tok_s - 1) for t, s in pairs) <= 0.05
     for c in DEFAULT_LEVELS:
         got = simulate_level(fitted, False, c, n[c], w["input_tokens"], w["output_tokens"]).aggregate_tok_s
         assert abs(got / true_tok_s(False, c) - 1) <= 0.08, c
+
+
+def test_cells_are_simulated_the_way_they_were_measured(tmp_path):
+    """New cells: ramp (if workload.stagger) and the steady window; cells from before the stagger (no key):
+    no ramp and the whole-level figure, whose definition did not change; CSV rows: the reference workload."""
+    p = load_profile("demo")
+    w = cal.workload_of(p)
+    _write_cell(tmp_path, "v", "baseline", 10, 1000.0, w, 40, stagger=True)
+    _write_cell(tmp_path, "v", "eagle3", 10, 1100.0, w, 40, stagger=False)
+    _write_cell(
+        tmp_path,
+        "v",
+        "baseline",
+        5,
+        (800.0, 700.0),
+        w,
+        10,
+        key=("output_tok_s_steady", "output_tok_s_total"),
+        stagger=None,
+    )
+    got = {(t.speculative, t.concurrency): t for t in cal.load_targets(tmp_path, "eagle3", w)}
+    assert got[(False, 10)].stagger is True and got[(False, 10)].throughput == "steady"
+    assert got[(True, 10)].stagger is False and got[(True, 10)].throughput == "steady"
+    old = got[(False, 5)]
+    assert (old.stagger, old.throughput, old.tok_s, old.n_requests) == (False, "total", 700.0, 10)
+    assert old.input_tokens == w["input_tokens"]
+    lp = simulate_level(p, False, 5, 10, w["input_tokens"], w["output_tokens"], stagger=False)
+    assert cal.simulated_tok_s(p, old) == lp.aggregate_total_tok_s
+    new = got[(False, 10)]
+    lp = simulate_level(p, False, 10, 40, w["input_tokens"], w["output_tokens"], stagger=True)
+    assert lp.ramp_requests == 10 and cal.simulated_tok_s(p, new) == lp.aggregate_tok_s
+    # The seed table was taken without a ramp and holds whole-level figures (the Kimi reference workload).
+    kimi = cal.workload_of(load_profile("kimi-k25-cu130-fusion"))
+    assert (kimi["stagger"], kimi["throughput"]) == (False, "total")
+    seed = cal.load_targets(cal.seed_csv_path(), "eagle3", kimi)
+    assert all(not t.stagger and t.throughput == "total" for t in seed)

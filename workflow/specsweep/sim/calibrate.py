@@ -17,11 +17,12 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specsweep.sim.engine import step_time
-from specsweep.sim.predict import requests_for_level, simulate_level
+from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import Profile, dump_profile, load_profile
 
 DEFAULT_PARAMS_BASELINE = [
@@ -43,13 +44,16 @@ def seed_csv_path() -> Path:
     return Path(str(resources.files("specsweep") / "data" / "seed_measurements.csv"))
 
 
-# Throughput keys of a cell summary, preferred first (the metrics module writes output_tok_s_steady).
-STEADY_KEYS = ("aggregate_tok_s", "output_tok_s_steady", "output_tok_s_total")
+# Throughput keys of a cell summary, preferred first, per kind of figure (docs/metrics.md): the steady window
+# (`output_tok_s_steady`, predict's `aggregate_tok_s`) and the whole level (`output_tok_s_total`).
+STEADY_KEYS = ("aggregate_tok_s", "output_tok_s_steady")
+TOTAL_KEYS = ("output_tok_s_total",)
+THROUGHPUTS = ("steady", "total")
 
 
 @dataclass(frozen=True)
 class Target:
-    """One measured number to reproduce."""
+    """One measured number to reproduce, with how it was measured."""
 
     speculative: bool
     mode: str  # "closed_loop" (steady aggregate tok/s) or "single_stream" (decode tok/s of one request)
@@ -57,7 +61,9 @@ class Target:
     tok_s: float
     input_tokens: int
     output_tokens: int
-    n_requests: int
+    n_requests: int  # measured requests (after the C ramp requests when `stagger`)
+    stagger: bool = False  # the level began with one ramp request per slot (the pipeline since it staggers)
+    throughput: str = "steady"  # closed loop: "steady" (steady window) or "total" (whole level) tok/s
 
     @property
     def label(self) -> str:
@@ -65,26 +71,41 @@ class Target:
         return f"{arm} {self.mode} C={self.concurrency}"
 
 
-def workload_of(profile: Profile) -> dict[str, int]:
+def workload_of(profile: Profile) -> dict[str, Any]:
+    """How the profile's reference measurements (CSV rows) were taken: its `reference.workload`, else predict's
+    defaults. `stagger` defaults to False here (a table in the seed's form records no ramp requests) and
+    `throughput` (which figure the rows hold) to "steady" with a ramp, else "total": without staggered slots
+    the steady window of a level of 2C requests holds only the end of the first wave."""
     w = dict(profile.reference.get("workload", {}) or {})
+    d = WORKLOAD_DEFAULTS
+    per = float(w.get("requests_per_concurrency", d["requests_per_concurrency"]))
+    stagger = bool(w.get("stagger", False))
+    throughput = str(w.get("throughput", "steady" if stagger else "total"))
+    if throughput not in THROUGHPUTS:
+        raise ValueError(f"reference.workload.throughput: expected one of {THROUGHPUTS}, got {throughput!r}")
     return {
-        "input_tokens": int(w.get("input_tokens", 128)),
-        "output_tokens": int(w.get("output_tokens", 512)),
-        "requests_per_concurrency": int(w.get("requests_per_concurrency", 2)),
-        "requests_floor": int(w.get("requests_floor", 8)),
+        "input_tokens": int(w.get("input_tokens", d["input_tokens"])),
+        "output_tokens": int(w.get("output_tokens", d["output_tokens"])),
+        "requests_per_concurrency": int(per) if per.is_integer() else per,
+        "requests_floor": int(w.get("requests_floor", d["requests_floor"])),
         "single_stream_input_tokens": int(w.get("single_stream_input_tokens", w.get("input_tokens", 128))),
+        "stagger": stagger,
+        "throughput": throughput,
     }
 
 
 def load_targets(
     path: str | Path,
     spec_arm: str,
-    workload: dict[str, int],
+    workload: dict[str, Any],
     stack: str | None = None,
     variant: str | None = None,
     single_stream: bool = True,
 ) -> list[Target]:
-    """Targets from a CSV in the seed table's form or a results directory of cell summaries."""
+    """Targets from a CSV in the seed table's form or a results directory of cell summaries.
+
+    CSV rows are simulated with `workload` (the profile's reference workload); cells of a results directory with
+    their own `workload` section."""
     p = Path(path)
     if p.is_dir():
         return _targets_from_results(p, spec_arm, workload, variant)
@@ -117,12 +138,20 @@ def load_targets(
                 n_requests=1
                 if single
                 else requests_for_level(c, workload["requests_per_concurrency"], workload["requests_floor"]),
+                stagger=bool(workload["stagger"]) and not single,
+                throughput=workload["throughput"],
             )
         )
     return out
 
 
-def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, int], variant: str | None) -> list[Target]:
+def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, Any], variant: str | None) -> list[Target]:
+    """Valid cells as targets, each simulated the way it was measured.
+
+    Cells of the staggering client (`workload.stagger` present): their steady-window throughput, with
+    `workload.n_requests` measured requests after C ramp requests if `stagger`. Older cells (no such key) had
+    neither the ramp nor today's steady window (theirs began at the C-th send), so their whole-level
+    throughput (`output_tok_s_total`, unchanged) is fitted, with all their requests as `n_requests`."""
     out: list[Target] = []
     for f in sorted(root.glob("**/c*/summary.json")):
         s = json.loads(f.read_text())
@@ -133,10 +162,21 @@ def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, int], v
             continue
         w = s.get("workload", {})
         metrics = s.get("metrics") or {}
-        tok_s = next((metrics[k] for k in STEADY_KEYS if metrics.get(k) is not None), None)
-        if tok_s is None or not s.get("validity", {}).get("valid", True):
+        new = "stagger" in w
+        throughput = "steady" if new else "total"
+        keys = STEADY_KEYS if new else TOTAL_KEYS + STEADY_KEYS
+        key = next((k for k in keys if metrics.get(k) is not None), None)
+        if key is None or not s.get("validity", {}).get("valid", True):
             continue
+        if key in STEADY_KEYS:
+            throughput = "steady"  # an older cell without a whole-level figure: the best there is
+        tok_s = metrics[key]
         c = int(cell.get("concurrency", f.parent.name.lstrip("c")))
+        out_tok = w.get("output_tokens", workload["output_tokens"])
+        if not isinstance(out_tok, int):  # e.g. {uniform: [lo, hi]}: the simulation has one fixed length
+            print(f"calibrate: skipping {f}: output_tokens {out_tok!r} is not a fixed length", file=sys.stderr)
+            continue
+        in_tok = w.get("input_tokens", w.get("input_tokens_mean"))
         n_req = next((w[k] for k in ("n_requests", "requests") if isinstance(w.get(k), int)), None)
         out.append(
             Target(
@@ -144,10 +184,12 @@ def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, int], v
                 mode="closed_loop",
                 concurrency=c,
                 tok_s=float(tok_s),
-                input_tokens=int(w.get("input_tokens", workload["input_tokens"])),
-                output_tokens=int(w.get("output_tokens", workload["output_tokens"])),
+                input_tokens=round(in_tok) if in_tok is not None else workload["input_tokens"],
+                output_tokens=out_tok,
                 n_requests=n_req
                 or requests_for_level(c, workload["requests_per_concurrency"], workload["requests_floor"]),
+                stagger=bool(w.get("stagger", False)),
+                throughput=throughput,
             )
         )
     return out
@@ -170,12 +212,21 @@ def mean_field_tok_s(profile: Profile, t: Target) -> float:
 
 
 def simulated_tok_s(profile: Profile, t: Target, seed: int = 0) -> float:
+    """The target's figure, simulated the way it was measured (ramp requests only if it had them)."""
     if t.mode == "single_stream":
-        p = simulate_level(profile, t.speculative, 1, 3, t.input_tokens, t.output_tokens, seed=seed)
+        p = simulate_level(profile, t.speculative, 1, 3, t.input_tokens, t.output_tokens, seed=seed, stagger=False)
         return 1.0 / p.tpot_s
-    return simulate_level(
-        profile, t.speculative, t.concurrency, t.n_requests, t.input_tokens, t.output_tokens, seed=seed
-    ).aggregate_tok_s
+    p = simulate_level(
+        profile,
+        t.speculative,
+        t.concurrency,
+        t.n_requests,
+        t.input_tokens,
+        t.output_tokens,
+        seed=seed,
+        stagger=t.stagger,
+    )
+    return p.aggregate_total_tok_s if t.throughput == "total" else p.aggregate_tok_s
 
 
 def _to_x(name: str, v: float) -> float:

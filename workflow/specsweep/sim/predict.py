@@ -1,7 +1,10 @@
 """Predict a sweep in virtual time: the engine core driven by a closed-loop client, no sleeping, no HTTP.
 
-Metrics follow the client's definitions (docs/ARCHITECTURE.md): aggregate throughput over the steady window
-(from the first send until in-flight requests first drop below C), TTFT, TPOT, per-request tok/s, mean E2E.
+The virtual client does what the real one does (`specsweep.client.loadgen.run_closed_loop`): C slots, with
+`stagger` a shortened ramp request per slot first (`loadgen.ramp_length`), then the measured requests, each
+slot sending its next request when its previous one ends. The figures use the metrics module's definitions
+(docs/metrics.md): the steady window is `specsweep.metrics.steady_window` of the level's send and end times,
+latencies follow `metrics.per_request` over the measured (non-ramp) requests.
 """
 
 from __future__ import annotations
@@ -11,9 +14,16 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import numpy as np
+
+from specsweep.analysis.crossover import crossings_log_c
+from specsweep.client.loadgen import ramp_length
 from specsweep.config import request_count
+from specsweep.metrics import steady_window
 from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, SimRequest, admission_end
 from specsweep.sim.profile import Profile, load_profile
 
@@ -23,53 +33,211 @@ DEFAULT_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # server, measured with benchmarks/sim_timing.py. The new request joins the next step, not the one starting
 # at the instant its predecessor finished.
 CLIENT_TURNAROUND_S = 0.003
-
-try:
-    from specsweep.analysis.crossover import crossings_log_c
-except ImportError:  # the analysis package is optional for the simulator; same interpolation as there
-
-    def crossings_log_c(concurrency: list[float], speedup: list[float]) -> list[float]:
-        """Concurrencies where speedup crosses 1, interpolated linearly in log C."""
-        out: list[float] = []
-        pts = list(zip(concurrency, speedup, strict=True))
-        for (c0, s0), (c1, s1) in zip(pts, pts[1:], strict=False):
-            d0, d1 = s0 - 1.0, s1 - 1.0
-            if d0 == 0:
-                out.append(float(c0))
-            elif d0 * d1 < 0:
-                f = d0 / (d0 - d1)
-                out.append(math.exp(math.log(c0) + f * (math.log(c1) - math.log(c0))))
-        if pts and pts[-1][1] == 1.0:
-            out.append(float(pts[-1][0]))
-        return out
+# The workload when neither an option nor the profile's reference workload sets it: the pipeline's defaults
+# (workflow/schemas/config.schema.yaml, `workload:`; tests/unit/test_sim_predict.py keeps them equal).
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "input_tokens": 128,
+    "output_tokens": 64,
+    "requests_per_concurrency": 4,
+    "requests_floor": 8,
+    "stagger": True,
+}
 
 
 @dataclass
 class LevelPrediction:
-    """One arm at one concurrency, in the client's metric definitions."""
+    """One arm at one concurrency, in the metrics module's definitions (docs/metrics.md)."""
 
     concurrency: int
     speculative: bool
-    n_requests: int
+    n_requests: int  # measured requests (ramp requests not included)
     input_tokens: int
     output_tokens: int
-    aggregate_tok_s: float  # steady window
-    aggregate_total_tok_s: float  # all output tokens / (last end - first send)
-    per_request_tok_s: float  # mean over requests of output_tokens / E2E
-    ttft_s: float
-    tpot_s: float
-    e2e_s: float
-    accept_length: float  # mean tokens per verify pass (1.0 for baseline)
+    aggregate_tok_s: float  # steady window: metrics `output_tok_s_steady` (NaN when the window is empty)
+    aggregate_total_tok_s: float  # all output tokens, ramp included / (last end - first send): `output_tok_s_total`
+    per_request_tok_s: float  # mean over measured requests of output_tokens / E2E
+    ttft_s: float  # mean over measured requests
+    tpot_s: float  # mean over measured requests with >= 2 tokens of (E2E - TTFT) / (tokens - 1)
+    e2e_s: float  # mean over measured requests, send to last token
+    accept_length: float  # tokens per verify pass over the level's requests (1.0 for baseline)
     duration_s: float  # first send to last end
     chunks: int
     peak_chunks_per_s: float  # chunks per second over the steady window
+    stagger: bool = True
+    ramp_requests: int = 0
+    steady_window_s: float = 0.0
 
     def as_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
 
 
-def requests_for_level(concurrency: int, per_concurrency: int = 2, floor: int = 8) -> int:
+@dataclass
+class VirtualLevel:
+    """What one virtual-time level did: its requests in send order and its steps."""
+
+    concurrency: int
+    t0: float  # virtual time of the first send (after the warm-up)
+    requests: list[SimRequest]  # in send order; `tag` is the client slot
+    ramp: list[bool]
+    step_ends: np.ndarray
+    step_tokens: np.ndarray
+    step_chunks: np.ndarray
+    chunks: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # rid -> (time, tokens), if traced
+
+    @property
+    def sends(self) -> np.ndarray:
+        return np.array([r.arrival for r in self.requests], dtype=float)
+
+    @property
+    def ends(self) -> np.ndarray:
+        return np.array([r.finished_at for r in self.requests], dtype=float)
+
+    def window(self) -> tuple[float, float]:
+        """The steady window, by the metrics module's one definition."""
+        return steady_window(self.sends, self.ends, self.concurrency)
+
+
+def requests_for_level(
+    concurrency: int,
+    per_concurrency: float = WORKLOAD_DEFAULTS["requests_per_concurrency"],
+    floor: int = WORKLOAD_DEFAULTS["requests_floor"],
+) -> int:
+    """Measured requests of a level: the config's rule (`specsweep.config.request_count`)."""
     return request_count(concurrency, per_concurrency, floor)
+
+
+def run_level(
+    profile: Profile,
+    speculative: bool,
+    concurrency: int,
+    n_requests: int,
+    input_tokens: int,
+    output_tokens: int,
+    seed: int = 0,
+    max_running_requests: int | None = None,
+    warmup_requests: int = 0,
+    turnaround_s: float = CLIENT_TURNAROUND_S,
+    first_rid: int = 0,
+    stagger: bool = True,
+    trace: bool = False,
+) -> VirtualLevel:
+    """Drive one closed-loop level in virtual time (warm-up requests first, one at a time, not measured).
+
+    With `stagger`, slot k's first request is a ramp request of `ramp_length(output_tokens, k, C)` tokens, all C
+    sent at t0, then `n_requests` measured requests follow; without, min(C, n) slots send the n requests.
+    `trace` keeps every request's chunks (for `level_records`)."""
+    engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests, first_rid=first_rid)
+    now = 0.0
+    for _ in range(warmup_requests):
+        engine.new_request(input_tokens, output_tokens, arrival=now)
+        now += ADMISSION_WINDOW_S
+        while engine.has_work:
+            now += engine.step(now).duration
+        now += turnaround_s
+    t0 = now
+    reqs: list[SimRequest] = []
+    ramp: list[bool] = []
+
+    def send(tokens: int, at: float, slot: int, is_ramp: bool) -> None:
+        r = engine.new_request(input_tokens, tokens, arrival=at)
+        r.tag = slot
+        reqs.append(r)
+        ramp.append(is_ramp)
+
+    left = n_requests  # measured requests not yet sent
+    if stagger:
+        for k in range(concurrency):
+            send(ramp_length(output_tokens, k, concurrency), now, k, True)
+    else:
+        for k in range(min(concurrency, n_requests)):
+            send(output_tokens, now, k, False)
+            left -= 1
+    now += ADMISSION_WINDOW_S  # a burst at one instant: the admission window (engine.admission_end)
+    pending: deque[tuple[float, int]] = deque()  # (arrival, slot) of requests sent but not yet in the engine
+    step_ends: list[float] = []
+    step_tokens: list[int] = []
+    step_chunks: list[int] = []
+    chunks: dict[int, list[tuple[float, int]]] = {}
+    while engine.has_work or pending:
+        if not engine.has_work:
+            now = admission_end([max(now, pending[0][0]), *(a for a, _ in list(pending)[1:])])
+        while pending and pending[0][0] <= now:
+            at, slot = pending.popleft()
+            send(output_tokens, at, slot, False)
+        res = engine.step(now)
+        now += res.duration
+        step_ends.append(now)
+        step_tokens.append(res.tokens)
+        step_chunks.append(len(res.emissions))
+        if trace:
+            for r, n in res.emissions:
+                chunks.setdefault(r.rid, []).append((now, n))
+        for r in res.finished:
+            if left > 0:  # the slot sends its next request
+                pending.append((now + turnaround_s, r.tag))
+                left -= 1
+    return VirtualLevel(
+        concurrency,
+        t0,
+        reqs,
+        ramp,
+        np.array(step_ends, dtype=float),
+        np.array(step_tokens, dtype=np.int64),
+        np.array(step_chunks, dtype=np.int64),
+        chunks,
+    )
+
+
+def summarize_level(
+    level: VirtualLevel, speculative: bool, input_tokens: int, output_tokens: int, stagger: bool
+) -> LevelPrediction:
+    """The level's figures in the metrics module's definitions.
+
+    Steady-window throughput counts the tokens of the steps that end inside (start, end]: in virtual time a
+    step's chunks all arrive at its end, and a real client sees about half of each boundary step's chunks
+    inside the window (the request that closes a boundary ends just after its own last chunk), so counting the
+    closing step and not the opening one is the same expectation as `metrics.tokens_between`."""
+    reqs = level.requests
+    sends, ends = level.sends, level.ends
+    start, end = level.window()
+    span = end - start
+    in_win = (level.step_ends > start) & (level.step_ends <= end)
+    meas = ~np.array(level.ramp, dtype=bool)
+    first = np.array([r.first_token_at for r in reqs], dtype=float)
+    tokens = np.array([r.generated for r in reqs], dtype=float)
+    # metrics.per_request: TTFT = first token - send, E2E = last token - send, TPOT = (E2E - TTFT) / (n - 1)
+    ttft = (first - sends)[meas]
+    e2e = (ends - sends)[meas]
+    n_tok = tokens[meas]
+    many = n_tok >= 2
+    tpot = (e2e[many] - ttft[many]) / (n_tok[many] - 1)
+    verify = sum(r.verify_ct for r in reqs)
+    verify_tokens = sum(r.generated - 1 for r in reqs)  # the prefill's first token is not a verify pass
+    t0, last_end = float(np.min(sends)), float(np.max(ends))
+
+    def mean(a: np.ndarray) -> float:
+        return float(a.mean()) if a.size else math.nan
+
+    return LevelPrediction(
+        concurrency=level.concurrency,
+        speculative=speculative,
+        n_requests=int(meas.sum()),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        aggregate_tok_s=float(level.step_tokens[in_win].sum() / span) if span > 0 else math.nan,
+        aggregate_total_tok_s=float(tokens.sum() / (last_end - t0)),
+        per_request_tok_s=mean(n_tok / e2e),
+        ttft_s=mean(ttft),
+        tpot_s=mean(tpot),
+        e2e_s=mean(e2e),
+        accept_length=verify_tokens / verify if verify else 1.0,
+        duration_s=last_end - t0,
+        chunks=int(level.step_chunks.sum()),
+        peak_chunks_per_s=float(level.step_chunks[in_win].sum() / span) if span > 0 else math.nan,
+        stagger=stagger,
+        ramp_requests=int((~meas).sum()),
+        steady_window_s=float(span),
+    )
 
 
 def simulate_level(
@@ -84,76 +252,63 @@ def simulate_level(
     warmup_requests: int = 0,
     turnaround_s: float = CLIENT_TURNAROUND_S,
     first_rid: int = 0,
+    stagger: bool = True,
 ) -> LevelPrediction:
-    """Run one closed-loop level in virtual time (warm-up requests first, one at a time, not measured)."""
-    engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests, first_rid=first_rid)
-    now = 0.0
-    for _ in range(warmup_requests):
-        engine.new_request(input_tokens, output_tokens, arrival=now)
-        now += ADMISSION_WINDOW_S
-        while engine.has_work:
-            now += engine.step(now).duration
-        now += turnaround_s
-    t0 = now
-    reqs: list[SimRequest] = []
-    sent = 0
-    pending: list[float] = []  # arrival times of requests sent but not yet in the engine
-    for _ in range(min(concurrency, n_requests)):
-        reqs.append(engine.new_request(input_tokens, output_tokens, arrival=now))
-        sent += 1
-    now += ADMISSION_WINDOW_S
-    step_ends: list[float] = []
-    step_tokens: list[int] = []
-    step_chunks: list[int] = []
-    window_end = math.inf
-    completions = 0
-    while engine.has_work or pending:
-        if not engine.has_work:
-            now = admission_end([max(now, pending[0]), *pending[1:]])
-        while pending and pending[0] <= now:
-            reqs.append(engine.new_request(input_tokens, output_tokens, arrival=pending.pop(0)))
-        res = engine.step(now)
-        now += res.duration
-        step_ends.append(now)
-        step_tokens.append(res.tokens)
-        step_chunks.append(len(res.emissions))
-        for _ in res.finished:
-            completions += 1
-            if sent < n_requests:
-                pending.append(now + turnaround_s)
-                sent += 1
-            elif window_end == math.inf:
-                window_end = now  # in-flight drops below C for the first time
-    if window_end == math.inf:
-        window_end = now
-    last_end = max(r.finished_at for r in reqs)
-    win = [(e, n, c) for e, n, c in zip(step_ends, step_tokens, step_chunks, strict=True) if e <= window_end]
-    win_tokens = sum(n for _, n, _ in win)
-    win_chunks = sum(c for _, _, c in win)
-    span = window_end - t0
-    e2e = [r.finished_at - r.arrival for r in reqs]
-    ttft = [r.first_token_at - r.arrival for r in reqs]
-    tpot = [(r.finished_at - r.first_token_at) / (r.max_new_tokens - 1) for r in reqs if r.max_new_tokens > 1]
-    verify = sum(r.verify_ct for r in reqs)
-    verify_tokens = sum(r.generated - 1 for r in reqs)
-    n = len(reqs)
-    return LevelPrediction(
-        concurrency=concurrency,
-        speculative=speculative,
-        n_requests=n,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        aggregate_tok_s=win_tokens / span if span > 0 else 0.0,
-        aggregate_total_tok_s=n * output_tokens / (last_end - t0),
-        per_request_tok_s=sum(output_tokens / e for e in e2e) / n,
-        ttft_s=sum(ttft) / n,
-        tpot_s=sum(tpot) / len(tpot) if tpot else math.nan,
-        e2e_s=sum(e2e) / n,
-        accept_length=verify_tokens / verify if verify else 1.0,
-        duration_s=last_end - t0,
-        chunks=sum(step_chunks),
-        peak_chunks_per_s=win_chunks / span if span > 0 else 0.0,
+    """Run one closed-loop level in virtual time: `n_requests` measured requests, after C ramp requests when
+    `stagger` (as the pipeline's client); warm-up requests first, one at a time, not measured."""
+    level = run_level(
+        profile,
+        speculative,
+        concurrency,
+        n_requests,
+        input_tokens,
+        output_tokens,
+        seed=seed,
+        max_running_requests=max_running_requests,
+        warmup_requests=warmup_requests,
+        turnaround_s=turnaround_s,
+        first_rid=first_rid,
+        stagger=stagger,
     )
+    return summarize_level(level, speculative, input_tokens, output_tokens, stagger)
+
+
+def level_records(level: VirtualLevel) -> Any:
+    """A traced level (`run_level(..., trace=True)`) as `requests.parquet` rows (docs/ARCHITECTURE.md), times
+    relative to t0, so `specsweep.metrics` can be run on a prediction."""
+    import pandas as pd
+
+    if level.requests and not level.chunks:
+        raise ValueError("level_records needs a level run with trace=True")
+    t0 = level.t0
+    rows = []
+    for i, (r, is_ramp) in enumerate(zip(level.requests, level.ramp, strict=True)):
+        cs = level.chunks.get(r.rid, [])
+        rows.append(
+            {
+                "repeat": 0,
+                "request_index": i,
+                "prompt_index": i,
+                "slot": int(r.tag),
+                "ramp": is_ramp,
+                "send_s": r.arrival - t0,
+                "first_token_s": r.first_token_at - t0,
+                "end_s": r.finished_at - t0,
+                "chunk_s": [t - t0 for t, _ in cs],
+                "chunk_tokens": [n for _, n in cs],
+                "server_chunk_s": [t - t0 for t, _ in cs],
+                "input_tokens": r.prompt_tokens,
+                "output_tokens": r.generated,
+                "server_output_tokens": r.generated,
+                "expected_output_tokens": r.max_new_tokens,
+                "spec_verify_ct": r.verify_ct if r.rng is not None else -1,
+                "cached_tokens": 0,
+                "ok": True,
+                "error_kind": "",
+                "error": "",
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 @dataclass
@@ -171,14 +326,15 @@ class SweepPrediction:
 def predict_sweep(
     profile: Profile,
     levels: list[int],
-    input_tokens: int = 128,
-    output_tokens: int = 64,
-    per_concurrency: int = 2,
-    floor: int = 8,
+    input_tokens: int = WORKLOAD_DEFAULTS["input_tokens"],
+    output_tokens: int = WORKLOAD_DEFAULTS["output_tokens"],
+    per_concurrency: float = WORKLOAD_DEFAULTS["requests_per_concurrency"],
+    floor: int = WORKLOAD_DEFAULTS["requests_floor"],
     seed: int = 0,
     max_running_requests: int | None = None,
+    stagger: bool = WORKLOAD_DEFAULTS["stagger"],
 ) -> SweepPrediction:
-    """Both arms at every level, with the config's request-count rule."""
+    """Both arms at every level, with the config's request-count rule (measured requests, after the ramp)."""
     arms = {}
     for spec in (False, True):
         arms[spec] = [
@@ -191,6 +347,7 @@ def predict_sweep(
                 output_tokens,
                 seed=seed,
                 max_running_requests=max_running_requests,
+                stagger=stagger,
             )
             for c in levels
         ]
@@ -232,27 +389,56 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = WORKLOAD_DEFAULTS
     parser.add_argument("--profile", default="demo", help="packaged profile name or YAML path")
     parser.add_argument("--concurrency", type=_int_list, default=DEFAULT_LEVELS, help="comma-separated levels")
     # Unset workload options take the profile's reference workload (what it was calibrated on), else these.
-    parser.add_argument("--input-tokens", type=int, default=None, help="default: profile's reference, else 128")
-    parser.add_argument("--output-tokens", type=int, default=None, help="default: profile's reference, else 64")
-    parser.add_argument("--requests-per-concurrency", type=int, default=None, help="default: reference, else 2")
-    parser.add_argument("--requests-floor", type=int, default=None, help="default: reference, else 8")
+    parser.add_argument(
+        "--input-tokens", type=int, default=None, help=f"default: profile's reference, else {d['input_tokens']}"
+    )
+    parser.add_argument(
+        "--output-tokens", type=int, default=None, help=f"default: profile's reference, else {d['output_tokens']}"
+    )
+    parser.add_argument(
+        "--requests-per-concurrency",
+        type=float,
+        default=None,
+        help=f"measured requests per unit of C; default: reference, else {d['requests_per_concurrency']}",
+    )
+    parser.add_argument(
+        "--requests-floor", type=int, default=None, help=f"default: reference, else {d['requests_floor']}"
+    )
+    parser.add_argument(
+        "--stagger",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one shortened ramp request per slot first, as the pipeline's client (default: on)",
+    )
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-WORKLOAD_DEFAULTS = {"input_tokens": 128, "output_tokens": 64, "requests_per_concurrency": 2, "requests_floor": 8}
+def _workload_value(key: str, value: Any) -> Any:
+    if key == "stagger":
+        return bool(value)
+    if key == "requests_per_concurrency":
+        v = float(value)
+        return int(v) if v.is_integer() else v
+    return int(value)
 
 
 def resolve_workload(args: argparse.Namespace, profile: Profile) -> None:
-    """Fill unset workload options from the profile's reference workload, then from the demo defaults."""
+    """Fill unset workload options from the profile's reference workload, then from WORKLOAD_DEFAULTS.
+
+    Not `stagger`: a prediction is of the pipeline's measurement, which staggers its slots unless told not to;
+    the reference workload's `stagger` says how the profile's reference figures were taken (for calibrate)."""
     ref = (profile.reference or {}).get("workload") or {}
     for key, default in WORKLOAD_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, int(ref.get(key, default)))
+        value = getattr(args, key)
+        if value is None:
+            value = default if key == "stagger" else ref.get(key, default)
+        setattr(args, key, _workload_value(key, value))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -269,6 +455,7 @@ def run(args: argparse.Namespace) -> int:
         args.requests_floor,
         args.seed,
         args.max_running_requests,
+        stagger=args.stagger,
     )
     elapsed = time.perf_counter() - t
     if args.json:
@@ -288,9 +475,13 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
+        ramp = "after one staggered ramp request per slot" if args.stagger else "no ramp requests"
+        rule = f"{args.requests_floor}, {args.requests_per_concurrency} x C" + (
+            ", 2 x C" if args.requests_per_concurrency < 2 else ""
+        )
         print(
-            f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, requests per level "
-            f"max({args.requests_floor}, {args.requests_per_concurrency} x C)"
+            f"workload: input {args.input_tokens} / output {args.output_tokens} tokens, measured requests per "
+            f"level max({rule}), {ramp}"
         )
         print(format_sweep(profile, sweep))
         print(f"(predicted in {elapsed:.3f} s)")

@@ -13,6 +13,7 @@ import yaml
 
 from specsweep.analysis import cli, compare
 from specsweep.analysis.synthetic import write_synthetic_variant
+from specsweep.config import defaults
 
 pytestmark = pytest.mark.unit
 
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("results") / "exp"
+    # low-noise cells (30 turnovers a slot) so that both variants reach a verdict with a threshold
+    common = {"tokens": 16, "sigma": 0.1, "requests_per_level": lambda c: 30 * c, "experiment": "exp"}
     write_synthetic_variant(
         root / "cu128",
         [1, 2, 5, 10, 30],
@@ -27,7 +30,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
         invalid=(("eagle3", 30),),
         seed=1,
         variant="cu128",
-        experiment="exp",
+        **common,
     )
     write_synthetic_variant(
         root / "cu130",
@@ -35,7 +38,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
         lambda c: 1.6 - 0.2 * math.log(c),
         seed=2,
         variant="cu130",
-        experiment="exp",
+        **common,
     )
     cfg = {
         "experiment": "exp",
@@ -98,7 +101,15 @@ def test_crossover_cli_writes_everything(experiment: Path, capsys: pytest.Captur
     assert sched[0] == [1, e["threshold"], 3] and sched[-1] == [e["threshold"] + 1, 64, 0]
     assert e["vllm"]["speculative_config"]["method"] == "eagle3"
     assert ar["threshold"] == e["threshold"] == res["policy"]["eagle3"]["threshold"]
+    assert ar["verdict"]["kind"] == "crossover" and e["verdict"] == "crossover"
+    # the invalid C=30 lies above the level that bounds the crossover (10): noted, not blocking
+    assert any("C=30" in n for n in ar["verdict"]["notes"])
     assert ar["crossover_concurrency"] == ar["crossover"]["estimate"]
+    assert set(ar["interpolation"]["estimates"]) == {"loglinear", "linear", "pchip_log"}
+    assert res["max_crossover_ratio"] == defaults("analysis")["max_crossover_ratio"]
+    # one list object in two places of the vLLM entry: written twice, not as a YAML anchor and alias
+    text = (d / "policy.yaml").read_text()
+    assert "&id" not in text and "*id" not in text
     rows = list(csv.DictReader((d / "crossover_table.csv").open()))
     assert len(rows) == 5 and rows[-1]["used"] == "False"
     assert not list(d.glob(".*.tmp"))  # atomic writes leave no temp files

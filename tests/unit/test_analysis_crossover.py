@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specsweep.analysis.crossover import crossings_log_c, crossings_matrix, first_crossing
+from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix, first_crossing
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +75,31 @@ def test_matrix_matches_scalar_version() -> None:
         expect = crossings_log_c(levels, row)
         got = [x for x in mrow if np.isfinite(x)]
         assert got == pytest.approx(expect)
+
+
+def test_interpolants_find_the_same_crossings_in_the_same_segments() -> None:
+    rng = np.random.default_rng(1)
+    levels = [1, 2, 5, 10, 30, 70, 100, 250]
+    S = rng.uniform(0.6, 1.4, size=(200, len(levels)))
+    base = crossings_matrix(levels, S)
+    for method in INTERPOLANTS:
+        M = crossings_matrix(levels, S, method)
+        assert np.array_equal(np.isnan(M), np.isnan(base))
+        # each crossing stays in the segment where the curve changes side
+        idx = np.searchsorted(levels, base, side="right")
+        got = np.searchsorted(levels, M, side="right")
+        ok = np.isfinite(base)
+        assert np.array_equal(idx[ok], got[ok])
+
+
+def test_interpolant_formulas() -> None:
+    x = crossings_matrix([10, 30], np.array([[1.1, 0.9]]), "linear")[0, 0]
+    assert x == pytest.approx(20.0)
+    x = crossings_matrix([10, 30], np.array([[1.1, 0.9]]), "loglinear")[0, 0]
+    assert x == pytest.approx(math.sqrt(300))
+    # PCHIP through a straight line in log C is that line
+    levels = [1, 2, 5, 10, 30]
+    s = np.array([[1.5 - 0.25 * math.log(c) for c in levels]])
+    assert crossings_matrix(levels, s, "pchip_log")[0, 0] == pytest.approx(math.exp(2.0), rel=1e-9)
+    with pytest.raises(ValueError):
+        crossings_matrix(levels, s, "spline")

@@ -6,8 +6,15 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
-from specsweep.analysis.policy import choose_threshold, engine_policy, policy_document, speculative_tokens
+from specsweep.analysis.policy import (
+    choose_threshold,
+    dump_yaml,
+    engine_policy,
+    policy_document,
+    speculative_tokens,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +97,40 @@ def test_sim_threshold_only_and_document() -> None:
     up = _arm([0.8, 1.1, 1.2], _x(0.0, 0.0, 0.0, ("below_range",) * 3), [{"direction": "up"}])
     doc = policy_document({"arms": {"eagle3": up}}, "sglang")
     assert doc["arms"]["eagle3"]["threshold"] == 0 and "warning" in doc["arms"]["eagle3"]
+
+
+def test_sglang_router_wording_matches_threshold() -> None:
+    """The threshold means "<= N running requests": the router text must say so, not "< N"."""
+    router = next(a for a in engine_policy("sglang", 24)["apply"] if a["how"] == "router")
+    assert "<= 24 running requests" in router["what"]
+    assert "< 24 running" not in router["what"]
+
+
+def test_policy_yaml_has_no_aliases() -> None:
+    arm = {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}
+    ar = _arm([1.2, 1.1, 0.9], _x(3.0, 2.4, 4.0, ("within",) * 3), [{"direction": "down"}])
+    doc = policy_document({"arms": {"eagle3": ar}}, "vllm", {"eagle3": arm}, {"max_num_seqs": 64})
+    assert "&id" in yaml.safe_dump(doc)  # the schedule list sits in two places of the entry
+    text = dump_yaml(doc)
+    assert "&id" not in text and "*id" not in text
+    assert yaml.safe_load(text) == yaml.safe_load(yaml.safe_dump(doc))
+
+
+def test_inconclusive_verdict_writes_no_threshold() -> None:
+    ar = _arm([1.2, 1.1, 0.9], _x(3.0, 1.4, 4.0, ("within",) * 3), [{"direction": "down"}])
+    ar["verdict"] = {
+        "kind": "inconclusive",
+        "reason": "crossover interval [1.4, 4] spans 2.86x > analysis.max_crossover_ratio 2",
+        "add_levels": [3],
+        "remeasure_levels": [],
+        "notes": [],
+    }
+    t = choose_threshold(ar)
+    assert t["threshold"] is None and t["verdict"] == "inconclusive" and "2.86x" in t["reason"]
+    entry = policy_document({"arms": {"eagle3": ar}}, "vllm")["arms"]["eagle3"]
+    assert entry["threshold"] is None and entry["add_levels"] == [3] and entry["verdict"] == "inconclusive"
+    assert "vllm" not in entry and "candidates" not in entry
+    # a conclusive verdict keeps its threshold and says which verdict it rests on
+    ar["verdict"] = {"kind": "crossover", "reason": "", "add_levels": [], "remeasure_levels": [], "notes": []}
+    entry = policy_document({"arms": {"eagle3": ar}}, "vllm")["arms"]["eagle3"]
+    assert entry["threshold"] == 1 and entry["verdict"] == "crossover" and "vllm" in entry

@@ -10,6 +10,18 @@ from specsweep.io import read_json
 from specsweep.tracking import ui_command
 
 
+def _table(path: Path) -> str:
+    """The crossover table of one crossover.json; a file this version cannot lay out is named, not fatal.
+
+    Why not fatal: this runs when the workflow ends, after every result is written; an inconclusive verdict
+    (threshold null) or an older layout must not turn a finished run into a crash.
+    """
+    try:
+        return format_table(read_json(path))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"{path}: cannot show the table ({type(exc).__name__}: {exc}); the file itself is intact"
+
+
 def final_text(config: dict[str, Any]) -> str:
     res = Path(config["results_dir"]) / config["experiment"]
     lines = ["", "=" * 100]
@@ -17,7 +29,7 @@ def final_text(config: dict[str, Any]) -> str:
         path = res / variant / "crossover.json"
         if path.is_file():
             lines += [
-                format_table(read_json(path)),
+                _table(path),
                 f"  -> {path} (plots: {res / variant / 'plots'}, policy: {res / variant / 'policy.yaml'})",
                 "",
             ]

@@ -256,6 +256,7 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         f"{TAG}.source": str(data.get("source")),
         f"{TAG}.content_sha256": digest,
         f"{TAG}.cell_runs": ",".join(cell_runs)[:5000],
+        **_verdict_tags(data),
     }
     run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)
     out_dir = crossover_path.parent
@@ -271,20 +272,49 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     return {"crossover_run_id": run_id, "cell_run_ids": cell_runs}
 
 
+def _number(v: Any) -> float | None:
+    """A finite number from JSON (null, NaN, booleans and text are not numbers to log)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
 def _crossover_numbers(result: dict[str, Any]) -> dict[str, Any]:
-    """The numbers of one arm's crossover result worth a metric: crossover concurrency and its interval."""
+    """The numbers of one arm's crossover result worth a metric (docs/analysis.md, crossover.json).
+
+    Crossover concurrency and its interval (null where out of range: not logged), the policy threshold only
+    when there is one (an inconclusive verdict writes `threshold: null`: no threshold metric), `conclusive`
+    (1/0) from the verdict, and the spread of the interpolants' estimates.
+    """
+    primary = result.get("primary") or result  # older layouts nested these under "primary"
     out: dict[str, Any] = {}
-    primary = result.get("primary") or result
-    crossings = primary.get("crossings") or []
-    if crossings:
-        out["crossover_concurrency"] = crossings[0] if isinstance(crossings[0], int | float) else None
     for k in ("crossover_concurrency", "crossover_ci_low", "crossover_ci_high", "threshold"):
-        if isinstance(primary.get(k), int | float):
-            out[k] = primary[k]
+        v = _number(primary.get(k))
+        if v is not None:
+            out[k] = v
     ci = primary.get("crossover_ci") or []
-    if len(ci) == 2 and all(isinstance(x, int | float) for x in ci):
-        out["crossover_ci_low"], out["crossover_ci_high"] = ci
-    return {k: v for k, v in out.items() if v is not None}
+    if len(ci) == 2 and all(_number(x) is not None for x in ci):
+        out["crossover_ci_low"], out["crossover_ci_high"] = float(ci[0]), float(ci[1])
+    verdict = primary.get("verdict")
+    if isinstance(verdict, dict) and verdict.get("kind"):
+        out["conclusive"] = float(verdict["kind"] != "inconclusive")
+    interp = primary.get("interpolation")
+    if isinstance(interp, dict):
+        for src, dst in (("estimate_min", "interpolation_min"), ("estimate_max", "interpolation_max")):
+            v = _number(interp.get(src))
+            if v is not None:
+                out[dst] = v
+    return out
+
+
+def _verdict_tags(data: dict[str, Any]) -> dict[str, str]:
+    """`specsweep.verdict.<arm>`: crossover / wins_everywhere / loses_everywhere / inconclusive, per arm."""
+    tags = {}
+    for arm_name, result in (data.get("arms") or {}).items():
+        verdict = (result or {}).get("verdict") if isinstance(result, dict) else None
+        if isinstance(verdict, dict) and verdict.get("kind"):
+            tags[f"{TAG}.verdict.{arm_name}"] = str(verdict["kind"])
+    return tags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,17 @@
-"""A variant's crossover: speedup curves per metric with intervals, crossings, winner, invalid cells.
+"""A variant's crossover: speedup curves per metric with intervals, crossings, winner, invalid cells, verdict.
 
 The result is the body of `crossover.json` (layout in docs/analysis.md); plots, policy and the printed table
-are made from it.
+are made from it. The crossover interval is the envelope of the intervals under several interpolants between
+levels (`crossover.INTERPOLANTS`), and each speculative arm gets a verdict: a crossover, a win or loss at
+every level, or inconclusive (interval too wide, or invalid/missing cells where the answer is decided) with
+the levels to add or re-measure.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,17 +24,28 @@ from specsweep.analysis.bootstrap import (
     bootstrap_cell,
     percentile_interval,
 )
-from specsweep.analysis.cells import Cell
-from specsweep.analysis.crossover import crossings_log_c, crossings_matrix
+from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
+from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
+from specsweep.config import defaults
 
 __all__ = [
+    "INTERVAL_NOTE_ONE_REPEAT",
+    "INTERVAL_NOTE_TWO_REPEATS",
     "AnalysisSettings",
-    "slo_seconds",
     "analyze_arm",
     "analyze_variant",
     "crossover_text",
+    "decide_verdict",
+    "levels_text",
     "payoff_limit",
+    "slo_seconds",
+    "suggest_levels",
 ]
+
+INTERVAL_NOTE_ONE_REPEAT = "1 repeat: intervals hold within-run noise only; use repeats >= 3 for run-to-run variation"
+INTERVAL_NOTE_TWO_REPEATS = (
+    "2 repeats: the t interval over repeats has 1 degree of freedom and is very wide; use repeats >= 3"
+)
 
 SCHEMA_VERSION = 1
 
@@ -56,18 +72,23 @@ def slo_seconds(slo: dict[str, Any] | None) -> dict[str, float] | None:
     return out or None
 
 
+_DEFAULTS = defaults("analysis")
+
+
 @dataclass
 class AnalysisSettings:
-    """The config's `analysis:` section (and top-level `slo:`), with defaults; see docs/analysis.md."""
+    """The config's `analysis:` section (and top-level `slo:`); defaults are the schema's (one home)."""
 
-    replicates: int = 1000
-    seed: int = 0
-    confidence: float = 0.95
-    include_invalid: bool = False
-    baseline_arm: str = "baseline"
-    primary_metric: str = "aggregate_tok_s"
-    policy_rule: str = "crossover_lower"  # or "level_lower_bound"
+    replicates: int = _DEFAULTS["bootstrap_samples"]
+    seed: int = _DEFAULTS["seed"]
+    confidence: float = _DEFAULTS["confidence"]
+    include_invalid: bool = _DEFAULTS["include_invalid"]
+    baseline_arm: str = _DEFAULTS["baseline_arm"]
+    primary_metric: str = _DEFAULTS["primary_metric"]
+    policy_rule: str = _DEFAULTS["policy_rule"]  # "crossover_lower" or "level_lower_bound"
     slo: dict[str, float] | None = None  # seconds: ttft_s, tpot_s, e2e_s
+    max_crossover_ratio: float = _DEFAULTS["max_crossover_ratio"]  # a wider crossover interval is inconclusive
+    levels: list[float] | None = None  # the configured levels (config `concurrency`): what should exist
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AnalysisSettings:
@@ -81,6 +102,9 @@ class AnalysisSettings:
         s.primary_metric = str(a.get("primary_metric", s.primary_metric))
         s.policy_rule = str(a.get("policy_rule", s.policy_rule))
         s.slo = slo_seconds(a.get("slo") or config.get("slo"))
+        s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
+        if config.get("concurrency"):
+            s.levels = sorted(float(c) for c in config["concurrency"])
         if s.primary_metric not in {m.name for m in METRICS}:
             raise ValueError(f"analysis.primary_metric must be one of {[m.name for m in METRICS]}")
         if s.policy_rule not in {"crossover_lower", "level_lower_bound"}:
@@ -89,17 +113,20 @@ class AnalysisSettings:
             raise ValueError("analysis.confidence must be in (0.5, 1)")
         if s.replicates < 10:
             raise ValueError("analysis.bootstrap_samples must be >= 10")
+        if not s.max_crossover_ratio > 1.0:
+            raise ValueError("analysis.max_crossover_ratio must be > 1")
         return s
 
 
-def payoff_limit(concurrency: np.ndarray, speedups: np.ndarray) -> np.ndarray:
+def payoff_limit(concurrency: np.ndarray, speedups: np.ndarray, method: str = "loglinear") -> np.ndarray:
     """Per curve: the load up to which speculation wins, from the bottom (the policy is 'speculate <= N').
 
     0.0 when speculation already loses at the lowest level, the first crossing when it wins there and then
-    stops, +inf when it wins at every measured level. `speedups` is (B, L) with columns sorted by C.
+    stops, +inf when it wins at every measured level. `speedups` is (B, L) with columns sorted by C; `method`
+    is the interpolant between levels (`crossover.INTERPOLANTS`).
     """
     S = np.atleast_2d(speedups)
-    first = crossings_matrix(concurrency, S)[:, 0]
+    first = crossings_matrix(concurrency, S, method)[:, 0]
     return np.where(S[:, 0] < 1.0, 0.0, np.where(np.isnan(first), np.inf, first))
 
 
@@ -195,39 +222,11 @@ def _metric_result(
     xs = crossings_log_c(lv, spk)
     alpha = (1.0 - confidence) / 2.0
     reps = sp_rep[:, ok]
-    rep_x = crossings_matrix(lv, reps) if reps.size else np.zeros((0, 0))
-    crossings = []
-    for k, x in enumerate(xs):
-        col = rep_x[:, k] if rep_x.size and k < rep_x.shape[1] else np.array([])
-        col = col[np.isfinite(col)]
-        crossings.append(
-            {
-                "concurrency": _f(x),
-                "direction": _direction(lv, spk, x),
-                "lo": _f(np.quantile(col, alpha)) if col.size else None,
-                "hi": _f(np.quantile(col, 1 - alpha)) if col.size else None,
-                "replicate_fraction": _f(col.size / max(len(reps), 1)),
-            }
-        )
-    out["crossings"] = crossings
+    out["crossings"] = _crossings(lv, spk, xs, reps, alpha)
     out["n_crossings"] = len(xs)
     out["monotone"] = len(xs) <= 1
     # the crossover proper: where speculation stops paying off, seen from the lowest level
-    est = float(payoff_limit(lv, spk[None, :])[0])
-    lims = payoff_limit(lv, reps) if reps.size else np.array([est])
-    lo_l = float(np.quantile(lims, alpha, method="inverted_cdf"))
-    hi_l = float(np.quantile(lims, 1 - alpha, method="inverted_cdf"))
-    cmax = float(lv.max())
-    out["crossover"] = {
-        "estimate": _f(est),
-        "lo": _f(lo_l),
-        "hi": _f(hi_l),
-        "states": {"estimate": _state(est, cmax), "lo": _state(lo_l, cmax), "hi": _state(hi_l, cmax)},
-        "fraction_below_range": _f(np.mean(lims == 0.0)),
-        "fraction_above_range": _f(np.mean(np.isinf(lims))),
-        "min_level": _f(lv.min()),
-        "max_level": _f(cmax),
-    }
+    out["crossover"] = _crossover(lv, spk, reps, alpha)
     if xs:
         out["winner"], out["smallest_margin"] = None, None
     else:
@@ -243,6 +242,218 @@ def _metric_result(
     return out
 
 
+def _quantiles(x: np.ndarray, alpha: float) -> tuple[float, float]:
+    """Empirical (inverted-CDF) quantiles: no interpolation across the censored values 0 and +inf."""
+    return float(np.quantile(x, alpha, method="inverted_cdf")), float(np.quantile(x, 1 - alpha, method="inverted_cdf"))
+
+
+def _crossings(lv: np.ndarray, spk: np.ndarray, xs: list[float], reps: np.ndarray, alpha: float) -> list[dict]:
+    """Each crossing of the point curve with the envelope, over the interpolants, of its replicates' k-th
+    crossing interval (only replicates that have a k-th crossing; their share is `replicate_fraction`)."""
+    per_method = [crossings_matrix(lv, reps, m) for m in INTERPOLANTS] if reps.size else []
+    out = []
+    for k, x in enumerate(xs):
+        los, his, frac = [], [], 0.0
+        for i, rep_x in enumerate(per_method):
+            col = rep_x[:, k] if k < rep_x.shape[1] else np.array([])
+            col = col[np.isfinite(col)]
+            if col.size:
+                los.append(float(np.quantile(col, alpha)))
+                his.append(float(np.quantile(col, 1 - alpha)))
+            if i == 0:
+                frac = col.size / max(len(reps), 1)
+        out.append(
+            {
+                "concurrency": _f(x),
+                "direction": _direction(lv, spk, x),
+                "lo": _f(min(los)) if los else None,
+                "hi": _f(max(his)) if his else None,
+                "replicate_fraction": _f(frac),
+            }
+        )
+    return out
+
+
+def _crossover(lv: np.ndarray, spk: np.ndarray, reps: np.ndarray, alpha: float) -> dict[str, Any]:
+    """The payoff limit with its interval: the envelope of the percentile intervals under every interpolant.
+
+    The estimate is the log-linear one. The spread of the interpolants' own estimates and their intervals are
+    kept in `interpolation`: an interval widened by them says the levels are too far apart near the crossing.
+    """
+    cmax = float(lv.max())
+    est: dict[str, float] = {}
+    ivl: dict[str, tuple[float, float]] = {}
+    lims0 = np.array([])
+    for m in INTERPOLANTS:
+        est[m] = float(payoff_limit(lv, spk[None, :], m)[0])
+        lims = payoff_limit(lv, reps, m) if reps.size else np.array([est[m]])
+        if m == INTERPOLANTS[0]:
+            lims0 = lims
+        ivl[m] = _quantiles(lims, alpha)
+    point = est[INTERPOLANTS[0]]
+    lo = min(v[0] for v in ivl.values())
+    hi = max(v[1] for v in ivl.values())
+    return {
+        "estimate": _f(point),
+        "lo": _f(lo),
+        "hi": _f(hi),
+        "states": {"estimate": _state(point, cmax), "lo": _state(lo, cmax), "hi": _state(hi, cmax)},
+        "fraction_below_range": _f(np.mean(lims0 == 0.0)),
+        "fraction_above_range": _f(np.mean(np.isinf(lims0))),
+        "min_level": _f(lv.min()),
+        "max_level": _f(cmax),
+        "interpolation": {
+            "methods": list(INTERPOLANTS),
+            "estimates": {m: _f(v) for m, v in est.items()},
+            "intervals": {m: {"lo": _f(v[0]), "hi": _f(v[1])} for m, v in ivl.items()},
+            "estimate_min": _f(min(est.values())),
+            "estimate_max": _f(max(est.values())),
+            "widened": bool(lo < ivl[INTERPOLANTS[0]][0] or hi > ivl[INTERPOLANTS[0]][1]),
+        },
+    }
+
+
+def levels_text(levels: Sequence[float]) -> str:
+    """'10, 30' with integer levels shown as integers."""
+    return ", ".join(f"{c:g}" for c in levels)
+
+
+def _as_levels(levels: Sequence[float]) -> list[int | float]:
+    """Levels for JSON: integers where they are whole numbers (configured levels are)."""
+    return [int(c) if float(c).is_integer() else float(c) for c in sorted(levels)]
+
+
+def suggest_levels(
+    crossover: dict[str, Any],
+    used: Sequence[float],
+    configured: Sequence[float],
+    max_ratio: float,
+    max_new: int = 8,
+) -> list[int]:
+    """Integer levels to measure so that the crossover interval can narrow: log-spaced between the measured
+    levels that bracket the interval, at most a factor sqrt(max_ratio) apart, none already configured.
+
+    An interval reaching below the lowest level reaches down to C=1; one reaching above the largest level is
+    bracketed at twice the largest level (the sweep must be extended to bound it).
+    """
+    st = crossover["states"]
+    known = {float(c) for c in (*used, *configured)}
+    top = max(known)
+    if st["lo"] == "within":
+        lo_anchor = max((c for c in used if c <= crossover["lo"]), default=min(used))
+    else:
+        lo_anchor = 1.0
+    if st["hi"] == "within":
+        hi_anchor = min((c for c in used if c >= crossover["hi"]), default=top)
+    else:
+        hi_anchor = 2.0 * top
+    if hi_anchor <= lo_anchor:
+        return []
+    span = math.log(hi_anchor / lo_anchor)
+    n = min(max_new + 1, max(1, math.ceil(span / math.log(math.sqrt(max_ratio)))))
+    cands = {int(round(lo_anchor * math.exp(span * k / n))) for k in range(n + 1)}
+    return sorted(c for c in cands if c >= 1 and float(c) not in known and lo_anchor <= c <= hi_anchor)
+
+
+def _limit_text(x: dict[str, Any], field: str) -> str:
+    st = x["states"][field]
+    if st == "below_range":
+        return f"<{x['min_level']:g}"
+    if st == "above_range" or x[field] is None:
+        return f">{x['max_level']:g}"
+    return f"{x[field]:.3g}"
+
+
+def decide_verdict(
+    crossover: dict[str, Any] | None,
+    used: Sequence[float],
+    configured: Sequence[float],
+    bad: Sequence[float],
+    max_ratio: float,
+    upward: bool = False,
+    no_interval: Sequence[float] = (),
+) -> dict[str, Any]:
+    """The answer for one speculative arm, or why there is none yet (docs/analysis.md, "Verdicts").
+
+    `used`: levels measured validly in both arms; `bad`: configured levels that are invalid or missing in
+    either arm (not used). Every bad level at or below the measured level that bounds the crossover interval
+    from above decides the answer, so it makes the verdict inconclusive (`remeasure_levels`) rather than being
+    bridged by interpolation; bad levels above it are only noted. The same holds for used levels without an
+    interval (`no_interval`: no request records, or steady windows too short), whose fixed point values would
+    make the crossover interval look narrower than it is. An interval whose hi/lo exceeds `max_ratio`, or that
+    is open on one side (reaches beyond the measured levels on one end only), is inconclusive too, with
+    `add_levels` to measure.
+    """
+    if crossover is None or not used:
+        return {
+            "kind": "inconclusive",
+            "reason": "no level was measured validly in both arms",
+            "add_levels": [],
+            "remeasure_levels": _as_levels(bad),
+            "notes": [],
+        }
+    st = crossover["states"]
+    used_s = sorted(float(c) for c in used)
+    kind = {"below_range": "loses_everywhere", "above_range": "wins_everywhere"}.get(st["estimate"], "crossover")
+    if st["hi"] == "above_range":
+        upper = math.inf  # the interval reaches above every level: all of them decide
+    elif st["hi"] == "below_range":
+        upper = used_s[0]
+    else:
+        upper = min(c for c in used_s if c >= crossover["hi"])
+    blocking = sorted(float(b) for b in bad if b <= upper)
+    ignored = sorted(float(b) for b in (*bad, *no_interval) if b > upper)
+    unsure = sorted(float(b) for b in no_interval if b <= upper)
+    reasons: list[str] = []
+    add: list[int] = []
+    where = "the answer depends on every level" if math.isinf(upper) else f"at or below C={upper:g}, which decide"
+    if blocking:
+        reasons.append(f"C={levels_text(blocking)} invalid or missing ({where}): re-measure")
+    if unsure:
+        reasons.append(
+            f"C={levels_text(unsure)} without an interval (no request records, or steady windows too short; "
+            f"{where}): re-measure"
+        )
+    interval = f"[{_limit_text(crossover, 'lo')}, {_limit_text(crossover, 'hi')}]"
+    too_wide = ""
+    if st["lo"] == st["hi"] == "within":
+        ratio = crossover["hi"] / crossover["lo"]
+        if ratio > max_ratio:
+            too_wide = f"crossover interval {interval} spans {ratio:.2f}x > analysis.max_crossover_ratio {max_ratio:g}"
+    elif st["lo"] != st["hi"]:
+        too_wide = f"crossover interval {interval} is open beyond the measured levels"
+    if too_wide:
+        add = suggest_levels(crossover, used_s, configured, max_ratio)
+        fix = f"measure C={levels_text(add)} and/or" if add else "levels there are dense already:"
+        reasons.append(f"{too_wide}: {fix} more repeats or requests per level")
+    notes = []
+    if ignored:
+        notes.append(
+            f"C={levels_text(ignored)} invalid, missing or without an interval above C={upper:g}: "
+            "not needed for this verdict"
+        )
+    if reasons:
+        return {
+            "kind": "inconclusive",
+            "reason": "; ".join(reasons),
+            "add_levels": add,
+            "remeasure_levels": _as_levels([*blocking, *unsure]),
+            "notes": notes,
+        }
+    if kind == "crossover":
+        reason = (
+            f"speculation pays off up to C={crossover['estimate']:.3g} {interval}; every level up to "
+            f"C={upper:g} measured validly"
+        )
+    elif kind == "wins_everywhere":
+        reason = f"speculation wins at every level, C={used_s[0]:g} to {used_s[-1]:g}, all measured validly"
+    else:
+        reason = f"speculation already loses at the lowest level, C={used_s[0]:g}"
+        if upward:
+            reason += " (and wins again at higher load: see the crossings)"
+    return {"kind": kind, "reason": reason, "add_levels": [], "remeasure_levels": [], "notes": notes}
+
+
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     return {
         "arm": cell.arm,
@@ -251,6 +462,15 @@ def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
         "reasons": cell.invalid_reasons,
         "included": included,
     }
+
+
+def _repeats_note(methods: list[str], n_repeats: list[int]) -> tuple[bool, str | None]:
+    """Whether the intervals hold within-run noise only (a cell with one repeat), and the note that says so."""
+    if "blocks" in methods:
+        return True, INTERVAL_NOTE_ONE_REPEAT
+    if n_repeats and min(n_repeats) == 2:
+        return False, INTERVAL_NOTE_TWO_REPEATS
+    return False, None
 
 
 def analyze_arm(
@@ -263,10 +483,10 @@ def analyze_arm(
     """Compare one speculative arm against the baseline arm of the same variant, level by level."""
     cache = {} if cache is None else cache
     base_cells, spec_cells = cells.get(baseline_arm, {}), cells.get(spec_arm, {})
-    all_levels = sorted(set(base_cells) | set(spec_cells))
+    configured = sorted(set(settings.levels or []) | set(base_cells) | set(spec_cells))
     invalid, missing, per_level = [], [], []
     used: list[float] = []
-    for c in all_levels:
+    for c in configured:
         row: dict[str, Any] = {"concurrency": _f(c)}
         usable = True
         for role, arm_name, group in (("baseline", baseline_arm, base_cells), ("spec", spec_arm, spec_cells)):
@@ -298,6 +518,7 @@ def analyze_arm(
         m.name: _metric_result(m, levels, base_b, spec_b, settings.confidence, spec_arm, baseline_arm) for m in METRICS
     }
     prim = metrics[settings.primary_metric]
+    pname = settings.primary_metric
     for row in per_level:
         if row["used"]:
             i = used.index(row["concurrency"])
@@ -307,6 +528,8 @@ def analyze_arm(
                 speedup=prim["speedup"][i],
                 speedup_lo=prim["speedup_lo"][i],
                 speedup_hi=prim["speedup_hi"][i],
+                baseline_n_repeats=base_b[i].n_repeats.get(pname, 0),
+                spec_n_repeats=spec_b[i].n_repeats.get(pname, 0),
             )
         else:  # left out: its point values are still shown (flagged), without an interval
             pm = next(m for m in METRICS if m.name == settings.primary_metric)
@@ -318,15 +541,35 @@ def analyze_arm(
             row.update(baseline_value=_f(b), spec_value=_f(s), speedup=_f(sp), speedup_lo=None, speedup_hi=None)
     sources = sorted({cl.source for grp in (base_cells, spec_cells) for cl in grp.values()})
     notes = sorted({n for grp in (base_cells, spec_cells) for cl in grp.values() for n in cl.notes})
+    bad = [r["concurrency"] for r in per_level if not r["used"]]
+    upward = any(x["direction"] == "up" for x in prim.get("crossings") or [])
+    no_interval = [c for c, has in zip(used, prim["interval_available"], strict=True) if not has]
+    verdict = decide_verdict(
+        prim["crossover"], used, configured, bad, settings.max_crossover_ratio, upward, no_interval
+    )
+    included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
+    if included_invalid:
+        verdict["notes"].append(f"C={levels_text(included_invalid)} invalid but included (include_invalid)")
+    cells_b = [*base_b, *spec_b]
+    methods = [b.method.get(pname, "none") for b in cells_b]
+    n_reps = [b.n_repeats.get(pname, 0) for b in cells_b if b.has_interval.get(pname)]
+    within_only, interval_note = _repeats_note(methods, n_reps)
     return {
         "baseline_arm": baseline_arm,
         "spec_arm": spec_arm,
         "source": sources[0] if len(sources) == 1 else ("mixed" if sources else "unknown"),
         "levels": [_f(c) for c in used],
+        "configured_levels": [_f(c) for c in configured],
         "cell_keys": {
             "baseline": [base_cells[c].key for c in used],
             "spec": [spec_cells[c].key for c in used],
         },
+        "n_repeats": {
+            "baseline": [b.n_repeats.get(pname, 0) for b in base_b],
+            "spec": [b.n_repeats.get(pname, 0) for b in spec_b],
+        },
+        "within_run_only": within_only,
+        "interval_note": interval_note,
         "per_level": per_level,
         "invalid_cells": invalid,
         "missing_cells": missing,
@@ -336,12 +579,14 @@ def analyze_arm(
         "crossover_ci_low": (prim["crossover"] or {}).get("lo"),
         "crossover_ci_high": (prim["crossover"] or {}).get("hi"),
         "crossover": prim["crossover"],
+        "interpolation": (prim["crossover"] or {}).get("interpolation"),
         "crossings": prim["crossings"],
         "monotone": prim["monotone"],
         "winner": prim["winner"],
         "smallest_margin": prim["smallest_margin"],
+        "verdict": verdict,
         "metrics": metrics,
-        "notes": notes,
+        "notes": notes + ([interval_note] if interval_note else []),
     }
 
 
@@ -369,9 +614,20 @@ def analyze_variant(
             "replicates": settings.replicates,
             "seed": settings.seed,
             "confidence": settings.confidence,
-            "method": "two-stage percentile bootstrap (repeats, then requests within each repeat)",
-            "throughput_estimator": "C * sum(output_tokens) / sum(end_s - send_s), scaled to summary",
+            "method": (
+                "per repeat: block bootstrap over equal time blocks of the steady window; R >= 2 repeats: "
+                "t(R-1) around the reported value, scale s/sqrt(R) on the log scale, s floored by the "
+                "within-repeat block variance; percentile intervals"
+            ),
+            "throughput_estimator": "tokens delivered in the chosen blocks / their summed length, scaled to summary",
+            "blocks": {
+                "max_blocks": N_BLOCKS,
+                "min_blocks": MIN_BLOCKS,
+                "min_block_lifetimes": BLOCK_LIFETIMES,
+            },
+            "interpolants": list(INTERPOLANTS),
         },
+        "max_crossover_ratio": settings.max_crossover_ratio,
         "include_invalid": settings.include_invalid,
         "slo": settings.slo,
         "arms": arms,

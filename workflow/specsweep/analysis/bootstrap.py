@@ -1,24 +1,37 @@
-"""Bootstrap of a cell's metrics: resample repeats, then requests within each repeat; vectorised with numpy.
+"""Intervals of a cell's metrics: time blocks within a repeat, a t distribution across repeats.
 
-Throughput of a resample: in a closed loop every request holds one of the C client slots from send to end,
-so while all slots are busy the wall time equals (sum of per-request busy times) / C. The estimator
+Requests of one run are not independent: those in flight together share every engine step, so the server's
+speed at a moment moves all of them. Resampling single requests (the earlier method) treats them as
+independent and under-covers. Instead:
 
-    aggregate_tok_s* = C * sum(output_tokens) / sum(end_s - send_s)
+- Within a repeat, the steady window is cut into equal time blocks (`cells.BlockLayout`) and the blocks are
+  resampled with replacement (a non-overlapping block bootstrap). Aggregate throughput of a resample is the
+  tokens delivered in the chosen blocks over their summed length, the same quantity as the summary's
+  steady-window throughput (tokens in the window / its length), restricted to the chosen blocks; goodput is
+  likewise requests meeting every SLO per second of chosen blocks. Latencies (TPOT p50/p99, E2E p50) and the
+  mean per-request tok/s come from the requests ending in the chosen blocks.
+- Across R >= 2 repeats, the replicates are t draws with R-1 degrees of freedom, centred on the reported value,
+  with scale s / sqrt(R) on the log scale: s^2 is the sample variance of the repeats' own values (their
+  `repeats[i].metrics` in summary.json), floored by the mean within-repeat block-bootstrap variance (the t then
+  takes that estimate's degrees of freedom). A plain resample of 3 repeats has only 10 distinct outcomes and
+  under-covers badly (docs/analysis.md gives figures).
+- With one repeat, the replicates are the block-bootstrap ones, widened for the few blocks (below); they hold
+  the noise within that run only, which the analysis states next to the interval.
 
-is therefore the throughput of a fully loaded system (Little's law), the same quantity as the steady-window
-aggregate throughput, and it is defined for any multiset of requests (a plain re-count of tokens over the
-original window would not be, since a resample has no wall clock of its own). The official point value is the
-one in summary.json (metrics module); a replicate is that value times est(resample) / est(full sample), so the
-interval is the bootstrap's relative spread placed around the reported number. See docs/analysis.md.
+Replicates are placed on the reported number: the official point values are summary.json's; a block-bootstrap
+replicate is that value times est(resample) / est(all blocks), so interval and point never disagree because
+of a difference in definition.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats as sps
 
 from specsweep.analysis.cells import Cell, RequestArrays, metric_value_any
 
@@ -27,10 +40,16 @@ __all__ = [
     "PLOTTED",
     "CellBootstrap",
     "MetricSpec",
+    "RepeatReplicates",
+    "block_replicates",
     "bootstrap_cell",
     "cell_rng",
+    "few_blocks_factor",
     "percentile_interval",
 ]
+
+
+THROUGHPUT = "aggregate_tok_s"
 
 
 @dataclass(frozen=True)
@@ -89,78 +108,255 @@ def cell_rng(seed: int, key: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32(key.encode())])
 
 
-def _resample(req: RequestArrays, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Two-stage indices (B, R*nmax) and a mask: repeats with replacement, then requests within each."""
-    reps = np.unique(req.repeat)
-    order = np.argsort(req.repeat, kind="stable")
-    counts = np.array([np.count_nonzero(req.repeat == r) for r in reps])
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    n_rep, nmax = len(reps), int(counts.max())
-    chosen = rng.integers(0, n_rep, size=(n_boot, n_rep)) if n_rep > 1 else np.zeros((n_boot, 1), dtype=int)
-    n_chosen = counts[chosen][..., None]  # (B, R, 1)
-    u = rng.random((n_boot, n_rep, nmax))
-    local = np.minimum((u * n_chosen).astype(np.int64), n_chosen - 1)
-    idx = order[offsets[chosen][..., None] + local]
-    mask = np.arange(nmax)[None, None, :] < n_chosen
-    return idx.reshape(n_boot, -1), mask.reshape(n_boot, -1)
+def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """Row-wise quantiles (inverted CDF) of `values` (n,) under integer weights (B, n); NaN values ignored.
 
-
-def _nan_quantile_rows(x: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
-    """Row-wise quantiles (linear interpolation) ignoring NaN; one sort serves all qs (why: speed)."""
-    s = np.sort(x, axis=1)  # NaN sorts last
-    k = np.count_nonzero(~np.isnan(s), axis=1)
+    Why weights: a block resample is every request of the chosen blocks, each as often as its block was drawn,
+    so one sort of the values serves all B replicates (only the weights change between them).
+    """
+    keep = np.isfinite(values)
+    v, w = values[keep], weights[:, keep]
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[:, order]
+    if v.size == 0:
+        return [np.full(weights.shape[0], np.nan) for _ in qs]
+    cum = np.cumsum(w, axis=1)
+    total = cum[:, -1]
     out = []
     for q in qs:
-        pos = q * np.maximum(k - 1, 0)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, np.maximum(k - 1, 0))
-        frac = pos - lo
-        a = np.take_along_axis(s, lo[:, None], axis=1)[:, 0]
-        b = np.take_along_axis(s, hi[:, None], axis=1)[:, 0]
-        out.append(np.where(k > 0, a + frac * (b - a), np.nan))
+        k = np.count_nonzero(cum < (q * total)[:, None] - 1e-9, axis=1)
+        out.append(np.where(total > 0, v[np.minimum(k, v.size - 1)], np.nan))
     return out
 
 
 def _estimate(
-    req: RequestArrays, concurrency: float, idx: np.ndarray, mask: np.ndarray, slo: dict[str, float] | None
+    req: RequestArrays,
+    rows: np.ndarray,
+    local_block: np.ndarray,
+    blocks: np.ndarray,
+    counts: np.ndarray,
+    slo: dict[str, float] | None,
 ) -> dict[str, np.ndarray]:
-    """Each metric's estimator on every resample (rows of idx); masked entries do not count."""
-    w = mask.astype(float)
-    tokens = req.tokens[idx] * w
-    busy = req.busy_s[idx] * w
-    ok = req.ok[idx] & mask
+    """Each metric's estimator on block resamples: `counts` (B, K) is how often each of `blocks` was drawn.
+
+    `rows` are the requests ending in those blocks and `local_block` their block's column in `counts`.
+    """
+    lay = req.blocks
+    assert lay is not None
+    w = counts[:, local_block].astype(float)  # (B, n): a request counts as often as its block was drawn
+    length = counts @ lay.block_len_s[blocks]
+    ok = req.ok[rows]
     with np.errstate(invalid="ignore", divide="ignore"):
-        busy_sum = busy.sum(axis=1)
-        out: dict[str, np.ndarray] = {"aggregate_tok_s": concurrency * tokens.sum(axis=1) / busy_sum}
-        e2e = np.where(ok, req.e2e_s[idx], np.nan)
-        rate = np.where(ok & (e2e > 0), req.tokens[idx] / e2e, np.nan)
-        n_rate = np.count_nonzero(~np.isnan(rate), axis=1)
-        out["per_request_tok_s_mean"] = np.where(n_rate > 0, np.nansum(rate, axis=1) / n_rate, np.nan)
-        tpot = np.where(ok, req.tpot_s[idx], np.nan)
-        out["tpot_p50_s"], out["tpot_p99_s"] = _nan_quantile_rows(tpot, (0.5, 0.99))
-        (out["e2e_p50_s"],) = _nan_quantile_rows(e2e, (0.5,))
+        out: dict[str, np.ndarray] = {"aggregate_tok_s": (counts @ lay.block_tokens[blocks]) / length}
+        e2e = np.where(ok, req.e2e_s[rows], np.nan)
+        rate = np.where(ok & (e2e > 0), req.tokens[rows] / e2e, np.nan)
+        has = np.isfinite(rate)
+        n_rate = w @ has.astype(float)
+        out["per_request_tok_s_mean"] = np.where(n_rate > 0, (w @ np.where(has, rate, 0.0)) / n_rate, np.nan)
+        tpot = np.where(ok, req.tpot_s[rows], np.nan)
+        out["tpot_p50_s"], out["tpot_p99_s"] = _weighted_quantiles(tpot, w, (0.5, 0.99))
+        (out["e2e_p50_s"],) = _weighted_quantiles(e2e, w, (0.5,))
         if slo:
             good = ok.copy()
-            for field_name, limit in (
-                ("ttft_s", slo.get("ttft_s")),
-                ("tpot_s", slo.get("tpot_s")),
-                ("e2e_s", slo.get("e2e_s")),
-            ):
+            for name in ("ttft_s", "tpot_s", "e2e_s"):
+                limit = slo.get(name)
                 if limit is not None:
-                    v = getattr(req, field_name)[idx]
+                    v = getattr(req, name)[rows]
                     # an undefined TPOT (one output token) has no inter-token time to violate (as metrics.py)
-                    good &= (v <= float(limit)) | (np.isnan(v) if field_name == "tpot_s" else False)
-            out["goodput_rps"] = concurrency * good.sum(axis=1) / busy_sum
+                    good &= (v <= float(limit)) | (np.isnan(v) if name == "tpot_s" else False)
+            out["goodput_rps"] = (w @ good.astype(float)) / length
     return out
 
 
 @dataclass
+class RepeatReplicates:
+    """One repeat's block bootstrap: its estimate over all its blocks and over B block resamples.
+
+    `n_blocks` is the request blocks' count, `tp_blocks` the throughput blocks' (see cells.TP_BLOCK_TAUS)."""
+
+    repeat: int
+    n_blocks: int
+    full: dict[str, float]
+    replicates: dict[str, np.ndarray]
+    tp_blocks: int = 0
+
+    def k(self, name: str) -> int:
+        """The blocks behind metric `name`'s replicates."""
+        return self.tp_blocks if name == THROUGHPUT and self.tp_blocks else self.n_blocks
+
+
+def block_replicates(
+    req: RequestArrays,
+    repeat: int,
+    n_boot: int,
+    rng: np.random.Generator,
+    slo: dict[str, float] | None = None,
+) -> RepeatReplicates | None:
+    """Block bootstrap of one repeat (None when its steady window has no blocks of either kind).
+
+    Throughput resamples its own blocks (sized from the token series' autocorrelation); the per-request
+    metrics resample the request blocks."""
+    lay = req.blocks
+    if lay is None:
+        return None
+    blocks = np.flatnonzero(lay.block_repeat == repeat)
+    tp = np.flatnonzero(lay.tp_block_repeat == repeat)
+    k, kt = int(blocks.size), int(tp.size)
+    if k == 0 and kt == 0:
+        return None
+    full: dict[str, float] = {}
+    boot: dict[str, np.ndarray] = {}
+    if k:
+        rows = np.flatnonzero((req.repeat == repeat) & (lay.block >= 0))
+        local = lay.block[rows] - blocks[0]
+        est = _estimate(req, rows, local, blocks, np.ones((1, k), dtype=np.int64), slo)
+        full = {m: float(v[0]) for m, v in est.items()}
+        boot = _estimate(req, rows, local, blocks, rng.multinomial(k, np.full(k, 1.0 / k), size=n_boot), slo)
+    if kt:
+        tok, length = lay.tp_block_tokens[tp], lay.tp_block_len_s[tp]
+        counts = rng.multinomial(kt, np.full(kt, 1.0 / kt), size=n_boot)
+        value = float(tok.sum() / length.sum())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            short = (counts @ tok) / (counts @ length)
+        boot[THROUGHPUT] = _not_below(short, value, boot.get(THROUGHPUT), full.get(THROUGHPUT), kt, k)
+        full[THROUGHPUT] = value
+    return RepeatReplicates(repeat, k, full, boot, kt)
+
+
+def _not_below(
+    short: np.ndarray, value: float, long: np.ndarray | None, long_value: float | None, k_short: int, k_long: int
+) -> np.ndarray:
+    """Short-block throughput replicates, stretched when the request blocks (a lifetime or more each) vary more.
+
+    Why both: the token series' autocorrelation can only be estimated within the window, so a correlation as long
+    as a request (e.g. per-request acceptance under speculation) looks shorter than it is in a window of a few
+    lifetimes. The spread is therefore never taken below what the lifetime-long blocks show (each bootstrap
+    variance corrected by K/(K-1)); the widening for few blocks stays the short blocks' (their K gives the degrees
+    of freedom)."""
+    if long is None or long_value is None or not (np.isfinite(long_value) and long_value > 0) or value <= 0:
+        return short
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ls, ll = np.log(short / value), np.log(long / long_value)
+    ls, ll = ls[np.isfinite(ls)], ll[np.isfinite(ll)]
+    if ls.size < 2 or ll.size < 2 or k_long < 2:
+        return short
+    v_short = float(np.var(ls)) * k_short / (k_short - 1)
+    v_long = float(np.var(ll)) * k_long / (k_long - 1)
+    if v_short <= 0 or v_long <= v_short:
+        return short
+    return value * np.exp(np.log(short / value) * math.sqrt(v_long / v_short))
+
+
+@dataclass
 class CellBootstrap:
-    """A cell's point value per metric and its B replicates (NaN rows when no interval can be had)."""
+    """A cell's point value per metric and its B replicates (NaN rows when no interval can be had).
+
+    `method[m]`: "repeats_t" (t across repeats), "blocks" (one repeat's block bootstrap: within-run noise only)
+    or "none"; `n_repeats[m]`: the repeats the interval rests on.
+    """
 
     point: dict[str, float]
     replicates: dict[str, np.ndarray]
     has_interval: dict[str, bool] = field(default_factory=dict)
+    method: dict[str, str] = field(default_factory=dict)
+    n_repeats: dict[str, int] = field(default_factory=dict)
+
+
+_MAX_LOG_DRAW = 30.0
+
+
+def few_blocks_factor(k: int, level: float = 0.975) -> float:
+    """Widening of a k-block bootstrap's deviations: sqrt(k/(k-1)) for the plug-in variance's bias, times
+    t(k-1)/z for a spread estimated from only k blocks (the batch-means interval; 1.22 at k = 10)."""
+    if k < 2:
+        return float("nan")
+    return math.sqrt(k / (k - 1)) * float(sps.t.ppf(level, k - 1) / sps.norm.ppf(level))
+
+
+def _positive(*arrays: Any) -> bool:
+    """Whether every finite value is > 0, so that the log scale (relative spread) applies."""
+    for a in arrays:
+        x = np.asarray(a, dtype=float)
+        x = x[np.isfinite(x)]
+        if np.any(x <= 0):
+            return False
+    return True
+
+
+def _from_blocks(point: float, rb: RepeatReplicates, name: str) -> np.ndarray:
+    """One repeat's replicates on the reported value, widened for its few blocks."""
+    ratio = rb.replicates[name] / rb.full[name]
+    c = few_blocks_factor(rb.k(name))
+    if _positive(ratio):
+        return point * np.exp(c * np.log(ratio))
+    return point * (1.0 + c * (ratio - 1.0))
+
+
+def _across_repeats(
+    point: float,
+    values: np.ndarray,
+    within: list[tuple[RepeatReplicates, float]],
+    name: str,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """t replicates around `point` with scale s / sqrt(R); s^2 floored by the mean within-repeat variance.
+
+    s^2 is the sample variance of the R repeats' values (R-1 degrees of freedom). A repeat cannot vary less
+    than its own sampling noise, so s^2 is raised to the mean block-bootstrap variance of the repeats when it
+    is smaller; the t distribution then takes that estimate's degrees of freedom (the blocks of all repeats,
+    sum of K_r - 1), since using R-1 for a variance not estimated from R values would over-cover. Log scale
+    (relative spread) when every value is positive.
+    """
+    r = values.size
+    log = _positive(values, point)
+    x = np.log(values) if log else values
+    s2 = float(np.var(x, ddof=1))
+    floors, df_floor = [], 0
+    for rb, v in within:
+        ratio = rb.replicates[name] / rb.full[name]
+        ratio = ratio[np.isfinite(ratio)]
+        if ratio.size < 2:
+            continue
+        if log and not _positive(ratio):
+            continue  # a resample with a zero value (e.g. no request met the SLO) has no log: no floor from it
+        kb = rb.k(name)
+        k_corr = kb / (kb - 1)  # the plug-in bootstrap variance is (K-1)/K of the unbiased one
+        floors.append(float(np.var(np.log(ratio) if log else ratio * v)) * k_corr)
+        df_floor += kb - 1
+    df = r - 1
+    if floors and float(np.mean(floors)) > s2:
+        s2, df = float(np.mean(floors)), df_floor
+    draws = rng.standard_t(df, size=n_boot) * math.sqrt(s2 / r)
+    if log:
+        # t with 1 degree of freedom (R = 2) is Cauchy: keep exp() finite; e^30 is far beyond any percentile used
+        return point * np.exp(np.clip(draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
+    return point + draws
+
+
+def _repeat_value(spec: MetricSpec, rep_metrics: dict[str, Any] | None) -> float:
+    return spec.value({"metrics": rep_metrics}) if rep_metrics else float("nan")
+
+
+def _repeat_values(
+    spec: MetricSpec,
+    repeats: list[int],
+    per_rep: dict[int, RepeatReplicates],
+    rep_metrics: dict[int, dict[str, Any]],
+    point: float,
+    pooled: float,
+) -> dict[int, float]:
+    """Each recorded repeat's own value of a metric: summary.json's `repeats[i].metrics`, else (older or
+    hand-made summaries) the repeat's block estimate put on the reported scale (times point / pooled)."""
+    out: dict[int, float] = {}
+    for r in repeats:
+        v = _repeat_value(spec, rep_metrics.get(r))
+        rb = per_rep.get(r)
+        if not np.isfinite(v) and rb is not None and np.isfinite(pooled) and pooled != 0:
+            v = rb.full.get(spec.name, float("nan")) * point / pooled
+        if np.isfinite(v):
+            out[r] = float(v)
+    return out
 
 
 def bootstrap_cell(
@@ -170,30 +366,66 @@ def bootstrap_cell(
     slo: dict[str, float] | None = None,
     metrics: tuple[MetricSpec, ...] = METRICS,
 ) -> CellBootstrap:
-    """Point values (summary.json first, the request records second) and scaled bootstrap replicates."""
+    """Point values (summary.json first, the request records second) and replicates per metric.
+
+    With request records: R >= 2 repeats with a value each give t replicates across repeats (floored by the
+    repeats' block-bootstrap variance); a single repeat gives its block-bootstrap replicates. Without records,
+    without a usable steady window, or without an SLO for goodput: the point value and no interval.
+    """
     point: dict[str, float] = {m.name: m.value(cell.summary) for m in metrics}
-    reps: dict[str, np.ndarray] = {}
-    has: dict[str, bool] = {}
+    out = CellBootstrap(point=point, replicates={}, has_interval={}, method={}, n_repeats={})
     req = cell.requests
-    if req is not None and len(req) > 0:
-        full_idx = np.arange(len(req))[None, :]
-        full = _estimate(req, cell.concurrency, full_idx, np.ones_like(full_idx, dtype=bool), slo)
-        idx, mask = _resample(req, n_boot, cell_rng(seed, cell.key))
-        boot = _estimate(req, cell.concurrency, idx, mask, slo)
-    else:
-        full, boot = {}, {}
+    rng = cell_rng(seed, cell.key)
+    per_rep: dict[int, RepeatReplicates] = {}
+    pooled: dict[str, float] = {}
+    repeats: list[int] = []
+    if req is not None and len(req) > 0 and req.blocks is not None:
+        repeats = req.repeats
+        for r in repeats:
+            rb = block_replicates(req, r, n_boot, rng, slo)
+            if rb is not None:
+                per_rep[r] = rb
+        pooled = _pooled_estimate(req, slo)
+    rep_metrics = cell.repeat_metrics()
     for m in metrics:
-        f = float(full[m.name][0]) if m.name in full else float("nan")
-        if not np.isfinite(point[m.name]):
-            point[m.name] = f
-        if m.name in boot and np.isfinite(f) and f != 0 and np.isfinite(point[m.name]):
-            reps[m.name] = boot[m.name] * (point[m.name] / f)
-            has[m.name] = True
+        name = m.name
+        f = pooled.get(name, float("nan"))
+        if not np.isfinite(point[name]):
+            point[name] = f
+        p = point[name]
+        usable = [
+            rb
+            for rb in per_rep.values()
+            if np.isfinite(rb.full.get(name, np.nan)) and rb.full[name] != 0 and name in rb.replicates
+        ]
+        values = _repeat_values(m, repeats, per_rep, rep_metrics, p, f) if usable else {}
+        if np.isfinite(p) and p != 0 and len(values) >= 2:
+            vals = np.array(list(values.values()))
+            within = [(rb, values[rb.repeat]) for rb in usable if rb.repeat in values]
+            out.replicates[name] = _across_repeats(p, vals, within, name, n_boot, rng)
+            out.has_interval[name], out.method[name], out.n_repeats[name] = True, "repeats_t", len(values)
+        elif np.isfinite(p) and p != 0 and usable:
+            out.replicates[name] = _from_blocks(p, usable[0], name)
+            out.has_interval[name], out.method[name], out.n_repeats[name] = True, "blocks", 1
         else:
-            # no records (or no SLO for goodput): the point value stands in, without an interval
-            reps[m.name] = np.full(n_boot, point[m.name])
-            has[m.name] = False
-    return CellBootstrap(point=point, replicates=reps, has_interval=has)
+            out.replicates[name] = np.full(n_boot, p)
+            out.has_interval[name], out.method[name], out.n_repeats[name] = False, "none", 0
+    return out
+
+
+def _pooled_estimate(req: RequestArrays, slo: dict[str, float] | None) -> dict[str, float]:
+    """Each metric's estimator over every block of every repeat: the point value when the summary lacks one."""
+    lay = req.blocks
+    assert lay is not None
+    out: dict[str, float] = {}
+    if lay.block_repeat.size:
+        rows = np.flatnonzero(lay.block >= 0)
+        blocks = np.arange(lay.block_repeat.size)
+        ones = np.ones((1, blocks.size), dtype=np.int64)
+        out = {k: float(v[0]) for k, v in _estimate(req, rows, lay.block[rows], blocks, ones, slo).items()}
+    if lay.tp_block_len_s.size:
+        out[THROUGHPUT] = float(lay.tp_block_tokens.sum() / lay.tp_block_len_s.sum())
+    return out
 
 
 def percentile_interval(replicates: np.ndarray, confidence: float = 0.95, axis: int = 0) -> tuple[Any, Any]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_variant, crossover_text
+from specsweep.analysis.analyze import AnalysisSettings, analyze_variant, crossover_text, levels_text
 from specsweep.analysis.cells import Cell, find_cells, load_cell
-from specsweep.analysis.policy import choose_threshold, policy_document
+from specsweep.analysis.policy import choose_threshold, dump_yaml, policy_document
 from specsweep.io import atomic_write_text
 
 __all__ = [
@@ -104,8 +104,10 @@ def _crossover_line(name: str, ar: dict[str, Any]) -> str:
         return f"{name}: no usable levels"
     if not ar["crossings"]:
         sm = ar["smallest_margin"]
+        inconclusive = (ar.get("verdict") or {}).get("kind") == "inconclusive"
+        where = f"level measured validly (C={levels_text(ar['levels'])})" if inconclusive else "level"
         return (
-            f"{name}: no crossing: {ar['winner']} wins at every level; smallest margin "
+            f"{name}: no crossing: {ar['winner']} wins at every {where}; smallest margin "
             f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at C={_fmt(sm['concurrency'])}"
         )
     parts = [
@@ -114,8 +116,32 @@ def _crossover_line(name: str, ar: dict[str, Any]) -> str:
     mono = "" if ar["monotone"] else " NON-MONOTONE"
     return (
         f"{name}: crossover ({m['orientation']} {ar['primary_metric']}) {crossover_text(x)}{mono}; "
-        "crossings: " + "; ".join(parts)
+        "crossings: " + "; ".join(parts) + _interpolation_text(x)
     )
+
+
+def _interpolation_text(x: dict[str, Any]) -> str:
+    """' (interpolants: loglinear 22, linear 24.4, ...; interval widened)' when they disagree, else ''."""
+    ip = x.get("interpolation") or {}
+    est = ip.get("estimates") or {}
+    if not ip.get("widened") and ip.get("estimate_min") == ip.get("estimate_max"):
+        return ""
+    shown = ", ".join(f"{k} {_fmt(v)}" for k, v in est.items())
+    return f" (interpolants: {shown}{'; interval widened to their envelope' if ip.get('widened') else ''})"
+
+
+def _policy_line(name: str, ar: dict[str, Any], rule: str) -> str:
+    """'policy: speculate while running requests <= N (...)', or INCONCLUSIVE with what to measure."""
+    t = choose_threshold(ar, rule)
+    if t["threshold"] is not None:
+        return f"{name}: policy: speculate while running requests <= {t['threshold']} ({t['reason']})"
+    v = ar.get("verdict") or {}
+    todo = []
+    if v.get("add_levels"):
+        todo.append(f"add levels: {levels_text(v['add_levels'])}")
+    if v.get("remeasure_levels"):
+        todo.append(f"re-measure: {levels_text(v['remeasure_levels'])}")
+    return f"{name}: policy: INCONCLUSIVE, no threshold ({t['reason']})" + ("; " + "; ".join(todo) if todo else "")
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -166,8 +192,11 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24} | {r['valid']}"
             )
         lines.append(_crossover_line(name, ar))
-        t = choose_threshold(ar, result.get("policy_rule", "crossover_lower"))
-        lines.append(f"{name}: policy: speculate while running requests <= {t['threshold']} ({t['reason']})")
+        if ar.get("interval_note"):
+            lines.append(f"{name}: note: {ar['interval_note']}")
+        for note in (ar.get("verdict") or {}).get("notes") or []:
+            lines.append(f"{name}: note: {note}")
+        lines.append(_policy_line(name, ar, result.get("policy_rule", "crossover_lower")))
     return "\n".join(lines)
 
 
@@ -231,7 +260,9 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out_dir
     arms_cfg = {a: server_args(config, args.variant, a) for a in spec_arms}
     policy = policy_document(result, engine, arms_cfg, variant_cfg, settings.policy_rule)
-    result["policy"] = {a: {"threshold": p["threshold"], "rule": p["rule"]} for a, p in policy["arms"].items()}
+    result["policy"] = {
+        a: {"threshold": p["threshold"], "rule": p["rule"], "verdict": p["verdict"]} for a, p in policy["arms"].items()
+    }
     for a, p in policy["arms"].items():
         result["arms"][a]["threshold"] = p["threshold"]
     if not args.no_plots:
@@ -241,7 +272,7 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
         result["plots"] = [str(p.relative_to(out)) for p in files]
     atomic_write_text(out / "crossover.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
     atomic_write_text(out / "crossover_table.csv", _table_csv(result))
-    atomic_write_text(out / "policy.yaml", yaml.safe_dump(policy, sort_keys=False, width=110))
+    atomic_write_text(out / "policy.yaml", dump_yaml(policy))
     return result
 
 

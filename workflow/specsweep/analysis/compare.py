@@ -131,6 +131,7 @@ def compare_variants(
                 "crossings": ar.get("crossings"),
                 "monotone": ar.get("monotone"),
                 "policy": (x.get("policy") or {}).get(a),
+                "verdict": ar.get("verdict"),
             }
             for a, ar in x.get("arms", {}).items()
         }

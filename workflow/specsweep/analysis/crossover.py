@@ -1,8 +1,11 @@
-"""Where a speedup curve crosses 1.0: interpolation in log concurrency, for one curve or many at once.
+"""Where a speedup curve crosses 1.0: interpolation between measured levels, for one curve or many at once.
 
-Concurrency levels are spaced roughly geometrically (1, 2, 5, 10, 30, ...), so a straight line between two
-levels is drawn in log C: the crossing between C=30 and C=70 is then not pulled towards 70 just because the
-gap is wide. Speedup itself is interpolated linearly (it is a ratio near 1, where log and linear agree).
+Concurrency levels are spaced roughly geometrically (1, 2, 5, 10, 30, ...), so the reference line between two
+levels is drawn in log C (`loglinear`): the crossing between C=30 and C=70 is then not pulled towards 70 just
+because the gap is wide. Speedup itself is interpolated linearly (it is a ratio near 1, where log and linear
+agree). Nothing was measured between two levels, though, so the analysis also finds each crossing under other
+plausible interpolants (`INTERPOLANTS`: a straight line in C, a monotone cubic in log C) and widens the
+crossover interval to their envelope: across a wide gap they disagree, across dense levels they do not.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["crossings_log_c", "crossings_matrix", "first_crossing"]
+__all__ = ["INTERPOLANTS", "crossings_log_c", "crossings_matrix", "first_crossing"]
+
+# loglinear: linear in log C (the point estimate); linear: linear in C; pchip_log: PCHIP (monotone piecewise
+# cubic through the levels) in log C, which bends with the neighbouring levels instead of drawing a chord.
+INTERPOLANTS = ("loglinear", "linear", "pchip_log")
 
 
 def _validated(concurrency: Sequence[float], speedup: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -62,12 +69,57 @@ def crossings_log_c(concurrency: Sequence[float], speedup: Sequence[float]) -> l
     return out
 
 
-def crossings_matrix(concurrency: Sequence[float], speedups: np.ndarray) -> np.ndarray:
+def _pchip_roots(logc: np.ndarray, d: np.ndarray, change: np.ndarray) -> np.ndarray:
+    """log C where each row's PCHIP through (logc, d) crosses 0, inside every segment flagged in `change`.
+
+    PCHIP is monotone on each segment, so a segment whose ends have opposite signs holds exactly one root;
+    bisection on all flagged segments at once (60 halvings: far below any level spacing) finds it.
+    """
+    from scipy.interpolate import PchipInterpolator
+
+    out = np.full(change.shape, np.nan)
+    rows, seg = np.nonzero(change)
+    if rows.size == 0:
+        return out
+    coef = PchipInterpolator(logc, d.T, axis=0).c  # (4, L-1, B): cubic in (x - logc[i]) per segment
+    k = coef[:, seg, rows]  # (4, M)
+    lo = np.zeros(rows.size)
+    hi = (logc[1:] - logc[:-1])[seg]
+    s0 = np.sign(d[rows, seg])
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        val = ((k[0] * mid + k[1]) * mid + k[2]) * mid + k[3]
+        same = np.sign(val) == s0
+        lo, hi = np.where(same, mid, lo), np.where(same, hi, mid)
+    out[rows, seg] = logc[seg] + 0.5 * (lo + hi)
+    return out
+
+
+def _segment_crossings(c: np.ndarray, d: np.ndarray, change: np.ndarray, method: str) -> np.ndarray:
+    """(B, L-1) crossing position inside each segment with a strict sign change, NaN elsewhere."""
+    d0, d1 = d[:, :-1], d[:, 1:]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        t = np.where(change, d0 / np.where(change, d0 - d1, 1.0), 0.0)
+        if method == "loglinear":
+            logc = np.log(c)
+            x = np.exp(logc[None, :-1] + t * (logc[None, 1:] - logc[None, :-1]))
+        elif method == "linear":
+            x = c[None, :-1] + t * (c[None, 1:] - c[None, :-1])
+        elif method == "pchip_log":
+            x = np.exp(_pchip_roots(np.log(c), d, change))
+        else:
+            raise ValueError(f"unknown interpolant {method!r}; expected one of {INTERPOLANTS}")
+    return np.where(change, x, np.nan)
+
+
+def crossings_matrix(concurrency: Sequence[float], speedups: np.ndarray, method: str = "loglinear") -> np.ndarray:
     """Crossings of many curves at once (bootstrap replicates): rows of `speedups` share `concurrency`.
 
     Returns a (B, L) float array: row b holds replicate b's crossings in increasing C, padded with NaN. Same
     rules as `crossings_log_c` (which is the reference for it in the tests), vectorised with numpy so that
-    thousands of replicates cost milliseconds. Levels with NaN in any row must be removed by the caller.
+    thousands of replicates cost milliseconds. `method` picks the interpolant between levels (`INTERPOLANTS`);
+    which segments hold a crossing does not depend on it. Levels with NaN in any row must be removed by the
+    caller.
     """
     c = np.asarray(concurrency, dtype=float)
     S = np.atleast_2d(np.asarray(speedups, dtype=float))
@@ -75,12 +127,13 @@ def crossings_matrix(concurrency: Sequence[float], speedups: np.ndarray) -> np.n
         raise ValueError("speedups must have one column per concurrency level")
     if np.any(~np.isfinite(c)) or np.any(c <= 0):
         raise ValueError("concurrency levels must be finite and > 0")
+    if method not in INTERPOLANTS:
+        raise ValueError(f"unknown interpolant {method!r}; expected one of {INTERPOLANTS}")
     order = np.argsort(c, kind="stable")
     c, S = c[order], S[:, order]
     if np.any(np.diff(c) == 0):
         raise ValueError("concurrency levels must be distinct")
     B, L = S.shape
-    logc = np.log(c)
     d = S - 1.0
     # candidate positions: a zero level (first of a run) at slot 2i, a strict sign change at slot 2i+1
     pos = np.full((B, 2 * L), np.nan)
@@ -89,12 +142,8 @@ def crossings_matrix(concurrency: Sequence[float], speedups: np.ndarray) -> np.n
     run_start[:, 1:] &= ~zero[:, :-1]
     pos[:, 0::2] = np.where(run_start, c[None, :], np.nan)
     if L > 1:
-        d0, d1 = d[:, :-1], d[:, 1:]
-        change = (d0 * d1) < 0.0
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            t = np.where(change, d0 / np.where(change, d0 - d1, 1.0), 0.0)
-            x = logc[None, :-1] + t * (logc[None, 1:] - logc[None, :-1])
-            pos[:, 1:-1:2] = np.where(change, np.exp(x), np.nan)
+        change = (d[:, :-1] * d[:, 1:]) < 0.0
+        pos[:, 1:-1:2] = _segment_crossings(c, d, change, method)
     # compact: NaNs to the end of each row, order of slots is already increasing in C
     key = np.isnan(pos)
     idx = np.argsort(key, axis=1, kind="stable")

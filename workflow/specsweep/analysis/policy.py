@@ -11,6 +11,9 @@ measurement would turn speculation on where it costs throughput. Two rules (conf
 
 Both give 0 (never speculate) when speculation is not shown to win even at the lowest level, and the largest
 measured level when it wins everywhere (no extrapolation beyond what was measured).
+
+An arm whose verdict (crossover.json `verdict`) is inconclusive gets no threshold at all: `threshold: null`,
+the reason and the levels to add or re-measure, and no engine schedule. A number there would be acted on.
 """
 
 from __future__ import annotations
@@ -20,15 +23,54 @@ import math
 import shlex
 from typing import Any
 
-__all__ = ["choose_threshold", "engine_policy", "policy_document", "speculative_tokens"]
+import yaml
+
+__all__ = ["choose_threshold", "dump_yaml", "engine_policy", "policy_document", "speculative_tokens"]
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """A SafeDumper that writes a list shared by two entries twice instead of as an anchor and alias.
+
+    Why: policy.yaml is read and copied by people; `&id001` / `*id001` in it is noise at best.
+    """
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(doc: Any) -> str:
+    """YAML text of `doc` without anchors or aliases, keys in insertion order."""
+    return yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, width=110)
+
+
+def _inconclusive(arm_result: dict[str, Any]) -> dict[str, Any] | None:
+    """The arm's verdict when it is inconclusive (older crossover.json files have no verdict: None)."""
+    v = arm_result.get("verdict")
+    return v if isinstance(v, dict) and v.get("kind") == "inconclusive" else None
 
 
 def choose_threshold(
     arm_result: dict[str, Any], rule: str = "crossover_lower", metric: str | None = None
 ) -> dict[str, Any]:
-    """Threshold N and the evidence for it, from one arm's entry of crossover.json."""
+    """Threshold N and the evidence for it, from one arm's entry of crossover.json.
+
+    Inconclusive verdict: threshold None, the verdict's reason, no candidates.
+    """
     metric = metric or arm_result["primary_metric"]
     m = arm_result["metrics"][metric]
+    verdict = arm_result.get("verdict") or {}
+    inc = _inconclusive(arm_result)
+    if inc is not None and metric == arm_result["primary_metric"]:
+        return {
+            "threshold": None,
+            "rule": rule,
+            "metric": metric,
+            "reason": str(inc.get("reason", "inconclusive")),
+            "candidates": {},
+            "crossover": m.get("crossover"),
+            "upward_crossing": any(c["direction"] == "up" for c in m.get("crossings", [])),
+            "verdict": "inconclusive",
+        }
     levels = arm_result["levels"]
     cand: dict[str, int] = {}
     reasons: dict[str, str] = {}
@@ -69,6 +111,7 @@ def choose_threshold(
         "candidates": cand,
         "crossover": x,
         "upward_crossing": any(c["direction"] == "up" for c in m.get("crossings", [])),
+        "verdict": verdict.get("kind"),
     }
 
 
@@ -164,10 +207,10 @@ def _sglang(n: int) -> dict[str, Any]:
             {
                 "how": "router",
                 "what": (
-                    f"run a baseline deployment next to the speculative one; a router/gateway sends a "
-                    f"request to "
-                    f"the speculative deployment while it has < {n} running requests, otherwise to the "
-                    f"baseline (SGLang cannot turn speculation off by load)"
+                    f"run a baseline deployment next to the speculative one; a router/gateway sends a request "
+                    f"to the speculative deployment while that keeps it at <= {n} running requests (it has "
+                    f"fewer than {n} before the request), otherwise to the baseline (SGLang cannot turn "
+                    f"speculation off by load)"
                 ),
             },
             {
@@ -213,19 +256,37 @@ def policy_document(
         "variant": result.get("variant"),
         "engine": engine,
         "source": result.get("source"),
-        "meaning": "speculate while running requests <= threshold; plain decoding above",
+        "meaning": (
+            "speculate while running requests <= threshold; plain decoding above "
+            "(threshold null: inconclusive, see reason and the levels to measure)"
+        ),
         "arms": {},
     }
     for name, ar in result["arms"].items():
         t = choose_threshold(ar, rule)
         max_level = max(ar["levels"]) if ar["levels"] else 0.0
+        crossover = {k: t["crossover"][k] for k in ("estimate", "lo", "hi")} if t["crossover"] else None
+        inc = _inconclusive(ar)
+        if inc is not None:
+            doc["arms"][name] = {
+                "threshold": None,
+                "verdict": "inconclusive",
+                "rule": t["rule"],
+                "metric": t["metric"],
+                "reason": t["reason"],
+                "add_levels": list(inc.get("add_levels") or []),
+                "remeasure_levels": list(inc.get("remeasure_levels") or []),
+                "crossover": crossover,
+            }
+            continue
         entry: dict[str, Any] = {
             "threshold": t["threshold"],
+            "verdict": t["verdict"],
             "rule": t["rule"],
             "metric": t["metric"],
             "reason": t["reason"],
             "candidates": t["candidates"],
-            "crossover": {k: t["crossover"][k] for k in ("estimate", "lo", "hi")} if t["crossover"] else None,
+            "crossover": crossover,
         }
         if t["upward_crossing"]:
             entry["warning"] = (

@@ -1,8 +1,18 @@
 """Synthetic cells with a known truth, for the analysis tests and for trying the analysis without a server.
 
-A closed loop of C slots; each request's end-to-end time is lognormal around a mean with a known value, so the
-true aggregate throughput is C * tokens / mean_e2e (Little's law) and the true speedup between two arms is the
-ratio of their means.
+Two generators of closed-loop request records (the requests.parquet columns):
+
+- `synthetic_requests`: independent requests, each with a lognormal end-to-end time around a known mean.
+- `correlated_requests`: what a real server does to a batch: all requests in flight share one time-varying
+  server speed (log speed an AR(1) process with a correlation time of about one request), and each repeat has
+  its own speed factor (run-to-run variation). A request is a fixed amount of work that progresses at the
+  current speed, so requests that overlap in time are slow or fast together. The speed's mean over time and
+  the run factor's mean are both 1, so the true mean aggregate throughput is C * tokens / mean_e2e_s (Little's
+  law) whatever the noise: `true_throughput` gives it, and a true speedup is a ratio of two of them.
+
+`write_synthetic_variant` writes a baseline and a speculative arm whose true throughput ratio is a given
+function of C, with summary.json values computed like `specsweep.metrics` computes them (steady window,
+per-repeat values, ramp rows left out).
 """
 
 from __future__ import annotations
@@ -10,17 +20,63 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.signal import lfilter
 
-from specsweep.analysis.bootstrap import METRICS, _estimate
-from specsweep.analysis.cells import request_arrays
+from specsweep import metrics
+from specsweep.analysis.cells import Cell, RequestArrays, block_layout
 from specsweep.io import atomic_write_text
 
-__all__ = ["synthetic_requests", "write_synthetic_cell", "write_synthetic_variant"]
+__all__ = [
+    "SimulatedRun",
+    "correlated_cell",
+    "correlated_requests",
+    "simulate_correlated",
+    "summary_metrics",
+    "synthetic_requests",
+    "true_throughput",
+    "write_synthetic_cell",
+    "write_synthetic_variant",
+]
+
+
+def true_throughput(concurrency: float, tokens: int, mean_e2e_s: float) -> float:
+    """Mean aggregate throughput of a closed loop at C whose requests take mean_e2e_s at mean speed."""
+    return concurrency * tokens / mean_e2e_s
+
+
+def _row(
+    r: int, i: int, slot: int, ramp: bool, send: float, chunk_s: list[float], chunk_tokens: list[int]
+) -> dict[str, Any]:
+    """One successful record in the requests.parquet layout; the stream ends with its last chunk."""
+    tokens = int(sum(chunk_tokens))
+    return {
+        "repeat": r,
+        "request_index": i,
+        "prompt_index": i,
+        "slot": slot,
+        "ramp": ramp,
+        "send_s": send,
+        "first_token_s": chunk_s[0] if chunk_s else math.nan,
+        "end_s": chunk_s[-1] if chunk_s else send,
+        "chunk_s": chunk_s,
+        "chunk_tokens": chunk_tokens,
+        "server_chunk_s": [],
+        "input_tokens": 128,
+        "output_tokens": tokens,
+        "server_output_tokens": tokens,
+        "expected_output_tokens": tokens,
+        "spec_verify_ct": -1,
+        "cached_tokens": 0,
+        "ok": True,
+        "error_kind": "",
+        "error": "",
+    }
 
 
 def synthetic_requests(
@@ -34,74 +90,365 @@ def synthetic_requests(
     ttft_frac: float = 0.05,
     tokens_per_chunk: int = 1,
 ) -> pd.DataFrame:
-    """Request records (the requests.parquet columns) of a closed loop with lognormal end-to-end times."""
+    """Request records of a closed loop of independent requests with lognormal end-to-end times."""
     rows: list[dict[str, Any]] = []
+    n_chunks = max(1, math.ceil(tokens / tokens_per_chunk))
+    chunk_tokens = [tokens_per_chunk] * (n_chunks - 1) + [tokens - tokens_per_chunk * (n_chunks - 1)]
     for r in range(repeats):
         e2e = mean_e2e_s * rng.lognormal(-0.5 * sigma**2, sigma, size=n_requests)  # mean exactly mean_e2e_s
         slot_free = np.zeros(concurrency)
         for i in range(n_requests):
             j = int(np.argmin(slot_free))
             send = float(slot_free[j])
-            first = send + ttft_frac * e2e[i]
-            end = send + e2e[i]
-            n_chunks = max(1, math.ceil(tokens / tokens_per_chunk))
-            chunk_tokens = [tokens_per_chunk] * (n_chunks - 1) + [tokens - tokens_per_chunk * (n_chunks - 1)]
-            chunk_s = list(np.linspace(first, end, n_chunks))
+            first, end = send + ttft_frac * e2e[i], send + e2e[i]
             slot_free[j] = end
-            rows.append(
-                {
-                    "repeat": r,
-                    "request_index": i,
-                    "prompt_index": i,
-                    "send_s": send,
-                    "first_token_s": first,
-                    "end_s": end,
-                    "chunk_s": chunk_s,
-                    "chunk_tokens": chunk_tokens,
-                    "server_chunk_s": [],
-                    "input_tokens": 128,
-                    "output_tokens": tokens,
-                    "server_output_tokens": tokens,
-                    "expected_output_tokens": tokens,
-                    "spec_verify_ct": -1,
-                    "ok": True,
-                    "error_kind": "",
-                    "error": "",
-                }
-            )
+            rows.append(_row(r, i, j, False, send, list(np.linspace(first, end, n_chunks)), list(chunk_tokens)))
     return pd.DataFrame(rows)
 
 
-def _summary_metrics(df: pd.DataFrame, concurrency: float, layout: str = "metrics") -> dict[str, Any]:
-    """Point metrics from the bootstrap's own estimators, in summary.json's layout.
+@dataclass
+class SimulatedRun:
+    """Arrays of one correlated closed-loop run, all repeats: one entry per record (ramp rows included)."""
 
-    layout "metrics": the names specsweep.metrics writes (output_tok_s_steady, request_tok_s, *_ms);
-    layout "seconds": the seconds-based names (aggregate_tok_s, per_request_tok_s, *_s). The analysis reads
-    both.
+    repeat: np.ndarray  # int
+    slot: np.ndarray  # int
+    ramp: np.ndarray  # bool: a slot's first, shortened request
+    send_s: np.ndarray
+    end_s: np.ndarray
+    tokens: np.ndarray  # int, per record
+    token_s: np.ndarray  # (records, max tokens): arrival of each token, NaN past a record's tokens
+    concurrency: int
+
+    def __len__(self) -> int:
+        return int(self.send_s.size)
+
+
+def _log_speed(n: int, dt: float, corr_s: float, sd: float, rng: np.random.Generator) -> np.ndarray:
+    """A stationary AR(1) path of log speed on a grid of step dt: correlation exp(-lag / corr_s), sd `sd`."""
+    if sd <= 0:
+        return np.zeros(n)
+    phi = math.exp(-dt / corr_s)
+    eps = rng.standard_normal(n)
+    x0 = rng.standard_normal() * sd
+    x, _ = lfilter([sd * math.sqrt(1.0 - phi * phi)], [1.0, -phi], eps, zi=[phi * x0])
+    return np.asarray(x)
+
+
+def _work_done(
+    need: float, dt: float, corr_s: float, speed_sd: float, run: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(grid times, work one slot has done by each): the shared speed run x exp(log speed), mean `run`,
+    long enough for `need` seconds of work at speed 1."""
+    n_grid = int(need / (run * dt) * 1.5) + 16
+    while True:
+        x = _log_speed(n_grid, dt, corr_s, speed_sd, rng)
+        done = np.concatenate([[0.0], np.cumsum(run * np.exp(x - 0.5 * speed_sd**2) * dt)])
+        if done[-1] >= need:
+            return np.arange(n_grid + 1) * dt, done
+        n_grid *= 2
+
+
+def _token_times(
+    start_work: np.ndarray,
+    work: np.ndarray,
+    ntok: np.ndarray,
+    width: int,
+    ttft_frac: float,
+    grid: np.ndarray,
+    done: np.ndarray,
+) -> np.ndarray:
+    """(records, width) arrival time of each token: the first after ttft_frac of a request's work, the rest
+    evenly over the remaining work, the last at its end; NaN past a record's tokens."""
+    j = np.arange(width)[None, :]
+    n = ntok[:, None]
+    frac = np.where(n > 1, ttft_frac + (1.0 - ttft_frac) * j / np.maximum(n - 1, 1), 1.0)
+    frac = np.where(j < n, np.minimum(frac, 1.0), np.nan)
+    tok_work = start_work[:, None] + frac * work[:, None]
+    return np.where(np.isfinite(tok_work), np.interp(np.nan_to_num(tok_work), done, grid), np.nan)
+
+
+def _one_repeat(
+    concurrency: int,
+    n_requests: int,
+    tokens: int,
+    mean_e2e_s: float,
+    rng: np.random.Generator,
+    speed_sd: float,
+    corr_requests: float,
+    run_sd: float,
+    request_sd: float,
+    ttft_frac: float,
+    stagger: bool,
+) -> tuple[np.ndarray, ...]:
+    """One repeat: (slot, ramp, send, end, tokens, token times) of its records, in order of sending.
+
+    Each slot runs its requests back to back, each a lognormal amount of work (its duration at speed 1, mean
+    mean_e2e_s) done at the shared speed; the closed loop keeps the first n_requests measured sends of all
+    slots (after them it stops issuing). Slots get enough candidate requests that none runs out first.
     """
-    req = request_arrays(df)
-    idx = np.arange(len(req))[None, :]
-    est = _estimate(req, concurrency, idx, np.ones_like(idx, dtype=bool), None)
-    v = {m.name: float(est[m.name][0]) for m in METRICS if m.name in est}
-    ttft = req.ttft_s[req.ok]
-    ttft50 = float(np.nanmedian(ttft)) if ttft.size else None
-    if layout == "seconds":
-        return {
-            "aggregate_tok_s": v["aggregate_tok_s"],
-            "aggregate_tok_s_total": v["aggregate_tok_s"],
-            "per_request_tok_s": {"mean": v["per_request_tok_s_mean"]},
-            "tpot_s": {"p50": v["tpot_p50_s"], "p99": v["tpot_p99_s"]},
-            "ttft_s": {"p50": ttft50},
-            "e2e_s": {"p50": v["e2e_p50_s"]},
-        }
-    return {
-        "output_tok_s_steady": v["aggregate_tok_s"],
-        "output_tok_s_total": v["aggregate_tok_s"],
-        "request_tok_s": {"mean": v["per_request_tok_s_mean"]},
-        "tpot_ms": {"p50": 1e3 * v["tpot_p50_s"], "p99": 1e3 * v["tpot_p99_s"]},
-        "ttft_ms": {"p50": None if ttft50 is None else 1e3 * ttft50},
-        "e2e_ms": {"p50": 1e3 * v["e2e_p50_s"]},
+    c = concurrency
+    run = math.exp(rng.normal(-0.5 * run_sd**2, run_sd)) if run_sd else 1.0
+    dt = 0.1 * mean_e2e_s * min(1.0, corr_requests)
+    ramp_tok = np.maximum(1, np.round(tokens * (np.arange(c) + 1) / c)).astype(np.int64)
+    per_slot = math.ceil(1.5 * n_requests / c) + 3
+    while True:
+        work = mean_e2e_s * rng.lognormal(-0.5 * request_sd**2, request_sd, size=(c, per_slot + 1))
+        if stagger:
+            work[:, 0] *= ramp_tok / tokens  # the ramp request: (k+1)/C of the tokens
+        cum = np.cumsum(work, axis=1)  # work done by each slot when each of its requests ends
+        grid, done = _work_done(float(cum.max()), dt, corr_requests * mean_e2e_s, speed_sd, run, rng)
+        end = np.interp(cum, done, grid)
+        send = np.concatenate([np.zeros((c, 1)), end[:, :-1]], axis=1)  # a slot sends as its previous one ends
+        ramp = np.zeros(send.shape, dtype=bool)
+        ramp[:, 0] = stagger
+        order = np.argsort(np.where(ramp, np.inf, send), axis=None, kind="stable")[:n_requests]
+        if send.ravel()[order].max() < send[:, -1].min():  # every slot still had requests left
+            break
+        per_slot *= 2
+    ntok = np.full(send.shape, tokens, dtype=np.int64)
+    if stagger:
+        ntok[:, 0] = ramp_tok
+    keep = np.zeros(send.size, dtype=bool)
+    keep[order] = True
+    keep |= ramp.ravel()
+    idx = np.flatnonzero(keep)
+    idx = idx[np.argsort(send.ravel()[idx], kind="stable")]
+    tok_s = _token_times((cum - work).ravel()[idx], work.ravel()[idx], ntok.ravel()[idx], tokens, ttft_frac, grid, done)
+    slot = np.broadcast_to(np.arange(c)[:, None], send.shape).ravel()
+    return slot[idx], ramp.ravel()[idx], send.ravel()[idx], end.ravel()[idx], ntok.ravel()[idx], tok_s
+
+
+def simulate_correlated(
+    concurrency: int,
+    n_requests: int,
+    tokens: int,
+    mean_e2e_s: float,
+    rng: np.random.Generator,
+    repeats: int = 1,
+    speed_sd: float = 0.2,
+    corr_requests: float = 1.0,
+    run_sd: float = 0.0,
+    request_sd: float = 0.1,
+    ttft_frac: float = 0.05,
+    stagger: bool = True,
+) -> SimulatedRun:
+    """A closed loop of C slots whose in-flight requests share a time-varying server speed.
+
+    speed_sd: sd of log speed (shared by every request in flight); corr_requests: its correlation time in mean
+    request durations; run_sd: sd of each repeat's log speed factor (run-to-run variation); request_sd: sd of
+    each request's own log work. stagger: each slot first sends a ramp request of (k+1)/C of the tokens, marked
+    `ramp`, as the real load generator does. Times are seconds from the repeat's first send.
+    """
+    parts = [
+        _one_repeat(
+            concurrency,
+            n_requests,
+            tokens,
+            mean_e2e_s,
+            rng,
+            speed_sd,
+            corr_requests,
+            run_sd,
+            request_sd,
+            ttft_frac,
+            stagger,
+        )
+        for _ in range(repeats)
+    ]
+    return SimulatedRun(
+        repeat=np.concatenate([np.full(p[0].size, r, dtype=np.int64) for r, p in enumerate(parts)]),
+        slot=np.concatenate([p[0] for p in parts]),
+        ramp=np.concatenate([p[1] for p in parts]),
+        send_s=np.concatenate([p[2] for p in parts]),
+        end_s=np.concatenate([p[3] for p in parts]),
+        tokens=np.concatenate([p[4] for p in parts]),
+        token_s=np.concatenate([p[5] for p in parts]),
+        concurrency=concurrency,
+    )
+
+
+def correlated_requests(
+    concurrency: int,
+    n_requests: int,
+    tokens: int,
+    mean_e2e_s: float,
+    rng: np.random.Generator,
+    repeats: int = 1,
+    **kwargs: Any,
+) -> pd.DataFrame:
+    """`simulate_correlated` as request records (the requests.parquet columns, one token per chunk)."""
+    run = simulate_correlated(concurrency, n_requests, tokens, mean_e2e_s, rng, repeats, **kwargs)
+    rows = []
+    for i in range(len(run)):
+        n = int(run.tokens[i])
+        chunks = [float(t) for t in run.token_s[i, :n]]
+        r, slot, ramp, send = int(run.repeat[i]), int(run.slot[i]), bool(run.ramp[i]), float(run.send_s[i])
+        rows.append(_row(r, i, slot, ramp, send, chunks, [1] * n))
+    df = pd.DataFrame(rows)
+    df["request_index"] = df.groupby("repeat").cumcount()
+    return df
+
+
+def _stat(values: np.ndarray, q: float) -> float | None:
+    v = values[np.isfinite(values)]
+    return float(np.percentile(v, q)) if v.size else None
+
+
+def _metrics_block(
+    tok_s: float | None,
+    window: tuple[float, float],
+    ttft: np.ndarray,
+    e2e: np.ndarray,
+    tpot: np.ndarray,
+    rate: np.ndarray,
+    layout: str,
+) -> dict[str, Any]:
+    """Summary metrics in summary.json's layout: `metrics` (*_ms, output_tok_s_steady) or `seconds` (*_s)."""
+    r_mean = float(np.nanmean(rate)) if np.isfinite(rate).any() else None
+    lat = {
+        "ttft": {"p50": _stat(ttft, 50)},
+        "tpot": {"p50": _stat(tpot, 50), "p99": _stat(tpot, 99)},
+        "e2e": {"p50": _stat(e2e, 50)},
     }
+    if layout == "seconds":
+        out: dict[str, Any] = {"aggregate_tok_s": tok_s, "per_request_tok_s": {"mean": r_mean}}
+        out.update({f"{k}_s": v for k, v in lat.items()})
+    else:
+        out = {"output_tok_s_steady": tok_s, "request_tok_s": {"mean": r_mean}}
+        for k, v in lat.items():
+            out[f"{k}_ms"] = {q: (None if x is None else 1e3 * x) for q, x in v.items()}
+    out["steady_window"] = {"start_s": window[0], "end_s": window[1]}
+    return out
+
+
+def _tokens_in(token_s: np.ndarray, start: float, end: float) -> int:
+    """Tokens whose arrival lies in [start, end] (the window's tokens, as `metrics.tokens_between` counts)."""
+    with np.errstate(invalid="ignore"):
+        return int(np.count_nonzero((token_s >= start) & (token_s <= end)))
+
+
+def _summary_from_arrays(
+    run_repeat: np.ndarray,
+    send: np.ndarray,
+    end: np.ndarray,
+    token_s: np.ndarray,
+    measured: np.ndarray,
+    ok: np.ndarray,
+    pr: pd.DataFrame,
+    concurrency: int,
+    layout: str,
+) -> dict[str, Any]:
+    """metrics + repeats[i].metrics as `specsweep.metrics.summarize` lays them out (the values it would give
+    for the compared metrics): steady-window throughput per repeat and pooled as their mean, latencies over
+    the measured ok requests, per repeat and pooled."""
+    reps = []
+    good = measured & ok
+    cols = {k: pr[k].to_numpy(dtype=float) for k in ("ttft", "e2e", "tpot", "tok_s")}
+    for r in sorted(int(x) for x in np.unique(run_repeat)):
+        m = run_repeat == r
+        start, stop = metrics.steady_window(send[m], end[m], concurrency)
+        steady = stop - start
+        tok_s = _tokens_in(token_s[m], start, stop) / steady if steady > 0 else None
+        g = good & m
+        block = _metrics_block(
+            tok_s, (start, stop), cols["ttft"][g], cols["e2e"][g], cols["tpot"][g], cols["tok_s"][g], layout
+        )
+        reps.append({"repeat": r, "metrics": block})
+    key = "aggregate_tok_s" if layout == "seconds" else "output_tok_s_steady"
+    vals = [x["metrics"][key] for x in reps if x["metrics"][key] is not None]
+    pooled = _metrics_block(
+        float(np.mean(vals)) if vals else None,
+        (math.nan, math.nan),
+        cols["ttft"][good],
+        cols["e2e"][good],
+        cols["tpot"][good],
+        cols["tok_s"][good],
+        layout,
+    )
+    pooled["steady_window"] = None
+    pooled["n_repeats"] = len(reps)
+    if layout == "seconds":
+        pooled["aggregate_tok_s_total"] = pooled["aggregate_tok_s"]
+    else:
+        pooled["output_tok_s_total"] = pooled["output_tok_s_steady"]
+    return {"metrics": pooled, "repeats": reps}
+
+
+def summary_metrics(df: pd.DataFrame, concurrency: int, layout: str = "metrics") -> dict[str, Any]:
+    """{metrics, repeats} of request records, with the definitions of `specsweep.metrics` (see above)."""
+    if "repeat" not in df:
+        df = df.assign(repeat=0)
+    lengths = np.array([len(x) for x in df["chunk_s"]], dtype=np.int64)
+    width = max(1, int(lengths.max()) if lengths.size else 1)
+    token_s = np.full((len(df), width), np.nan)
+    for i, (cs, ct) in enumerate(zip(df["chunk_s"], df["chunk_tokens"], strict=True)):
+        # a chunk of k tokens counts k times at its arrival
+        t = np.repeat(np.asarray(cs, dtype=float), np.asarray(ct, dtype=np.int64)) if len(cs) else np.empty(0)
+        if t.size > width:
+            token_s = np.pad(token_s, ((0, 0), (0, t.size - width)), constant_values=np.nan)
+            width = t.size
+        token_s[i, : t.size] = t
+    return _summary_from_arrays(
+        df["repeat"].to_numpy(dtype=np.int64),
+        df["send_s"].to_numpy(dtype=float),
+        df["end_s"].to_numpy(dtype=float),
+        token_s,
+        metrics.measured(df),
+        df["ok"].to_numpy(dtype=bool),
+        metrics.per_request(df),
+        concurrency,
+        layout,
+    )
+
+
+def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
+    """A Cell straight from simulated arrays (no DataFrame): what `load_cell` would give for the same records.
+
+    Why: the coverage tests bootstrap hundreds of data sets; building list columns for each would dominate.
+    """
+    meas = ~run.ramp
+    send, end = run.send_s, run.end_s
+    first = run.token_s[:, 0]
+    last = np.take_along_axis(run.token_s, (run.tokens - 1)[:, None], axis=1)[:, 0]
+    toks = run.tokens.astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pr = pd.DataFrame(
+            {
+                "ttft": first - send,
+                "e2e": last - send,
+                "tpot": np.where(toks >= 2, (last - first) / (toks - 1), np.nan),
+                "tok_s": np.where(last > send, toks / (last - send), np.nan),
+                "busy": end - send,
+            }
+        )
+    has = np.isfinite(run.token_s)
+    layout = block_layout(
+        run.repeat,
+        send,
+        end,
+        np.repeat(run.repeat, has.sum(axis=1)),
+        run.token_s[has],
+        np.ones(int(has.sum())),
+        run.repeat[meas],
+        end[meas],
+        run.concurrency,
+        busy_meas=(end - send)[meas],
+    )
+    req = RequestArrays(
+        repeat=run.repeat[meas],
+        tokens=toks[meas],
+        busy_s=(end - send)[meas],
+        ttft_s=pr["ttft"].to_numpy()[meas],
+        e2e_s=pr["e2e"].to_numpy()[meas],
+        tpot_s=pr["tpot"].to_numpy()[meas],
+        ok=np.ones(int(meas.sum()), dtype=bool),
+        end_s=end[meas],
+        blocks=layout,
+    )
+    ok = np.ones(len(run), dtype=bool)
+    summary = _summary_from_arrays(run.repeat, send, end, run.token_s, meas, ok, pr, run.concurrency, "metrics")
+    summary.update(cell={"key": key, "arm": arm, "concurrency": run.concurrency}, validity={"valid": True})
+    return Cell(arm, float(run.concurrency), Path("."), summary, req)
 
 
 def write_synthetic_cell(
@@ -123,9 +470,9 @@ def write_synthetic_cell(
     d = Path(variant_dir) / arm / f"c{concurrency}"
     d.mkdir(parents=True, exist_ok=True)
     df.to_parquet(d / "requests.parquet", index=False)
-    metrics = _summary_metrics(df, concurrency, layout)
+    s = summary_metrics(df, concurrency, layout)
     if accept_length is not None:
-        metrics["accept_length"] = accept_length
+        s["metrics"]["accept_length"] = accept_length
     summary = {
         "schema_version": 1,
         "cell": {
@@ -137,11 +484,11 @@ def write_synthetic_cell(
         },
         "source": source,
         "engine": engine,
-        "metrics": metrics,
-        "repeats": [],
+        "metrics": s["metrics"],
+        "repeats": s["repeats"],
         "validity": {"valid": valid, "reasons": list(reasons or []), "flags": []},
     }
-    atomic_write_text(d / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(d / "summary.json", json.dumps(metrics.jsonable(summary), indent=1))
     return d
 
 
@@ -153,21 +500,41 @@ def write_synthetic_variant(
     spec_arm: str = "eagle3",
     tokens: int = 64,
     sigma: float = 0.3,
-    requests_per_level: Callable[[int], int] = lambda c: max(8, 2 * c),
+    requests_per_level: Callable[[int], int] = lambda c: max(8, 4 * c),
     base_tpot_s: Callable[[float], float] = lambda c: 0.01 + 0.0004 * c,
     seed: int = 0,
     invalid: tuple[tuple[str, int], ...] = (),
+    missing: tuple[tuple[str, int], ...] = (),
     repeats: int = 1,
+    speed_sd: float = 0.0,
+    run_sd: float = 0.0,
     experiment: str = "synthetic",
     variant: str = "synthetic",
     layout: str = "metrics",
 ) -> None:
-    """A baseline and a speculative arm whose true throughput ratio at level C is `speedup(C)`."""
+    """A baseline and a speculative arm whose true throughput ratio at level C is `speedup(C)`.
+
+    Closed loops with staggered ramp requests (as the load generator runs them); `sigma` is each request's own
+    log-length spread, `speed_sd` / `run_sd` add a shared server speed and run-to-run variation
+    (`simulate_correlated`). Cells in `invalid` are written marked invalid, those in `missing` not at all.
+    """
     rng = np.random.default_rng(seed)
     for c in levels:
         base_e2e = tokens * base_tpot_s(c)
         for arm, mean in (("baseline", base_e2e), (spec_arm, base_e2e / speedup(c))):
-            df = synthetic_requests(c, requests_per_level(c), tokens, mean, sigma, rng, repeats=repeats)
+            df = correlated_requests(
+                c,
+                requests_per_level(c),
+                tokens,
+                mean,
+                rng,
+                repeats=repeats,
+                speed_sd=speed_sd,
+                run_sd=run_sd,
+                request_sd=sigma,
+            )
+            if (arm, c) in missing:
+                continue
             bad = (arm, c) in invalid
             write_synthetic_cell(
                 variant_dir,

@@ -1,0 +1,91 @@
+"""Readers of crossover.json outside the analysis: the MLflow numbers and the workflow's final print cope with
+an inconclusive verdict (threshold null) and with older layouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specsweep.final import final_text
+from specsweep.tracking import _crossover_numbers, _verdict_tags
+
+pytestmark = pytest.mark.unit
+
+
+def _arm(threshold: int | None, kind: str) -> dict[str, Any]:
+    x = {
+        "estimate": 7.5,
+        "lo": 3.0,
+        "hi": 12.0,
+        "states": {"estimate": "within", "lo": "within", "hi": "within"},
+        "min_level": 1.0,
+        "max_level": 30.0,
+        "interpolation": {"estimate_min": 7.2, "estimate_max": 8.1, "estimates": {}, "widened": True},
+    }
+    metric = {
+        "orientation": "spec/baseline",
+        "speedup_lo": [1.1, 0.9],
+        "crossover": x,
+        "crossings": [{"concurrency": 7.5, "direction": "down", "lo": 3.0, "hi": 12.0}],
+    }
+    return {
+        "baseline_arm": "baseline",
+        "primary_metric": "aggregate_tok_s",
+        "levels": [1.0, 30.0],
+        "per_level": [],
+        "invalid_cells": [],
+        "missing_cells": [],
+        "crossover": x,
+        "interpolation": x["interpolation"],
+        "crossings": metric["crossings"],
+        "monotone": True,
+        "crossover_concurrency": 7.5,
+        "crossover_ci_low": 3.0,
+        "crossover_ci_high": 12.0,
+        "threshold": threshold,
+        "verdict": {
+            "kind": kind,
+            "reason": "crossover interval [3, 12] spans 4.00x > analysis.max_crossover_ratio 2",
+            "add_levels": [2, 4, 8],
+            "remeasure_levels": [],
+            "notes": [],
+        },
+        "metrics": {"aggregate_tok_s": metric},
+    }
+
+
+def test_no_threshold_metric_when_inconclusive() -> None:
+    nums = _crossover_numbers(_arm(None, "inconclusive"))
+    assert "threshold" not in nums and nums["conclusive"] == 0.0
+    assert nums["crossover_concurrency"] == 7.5 and nums["interpolation_max"] == 8.1
+    nums = _crossover_numbers(_arm(3, "crossover"))
+    assert nums["threshold"] == 3.0 and nums["conclusive"] == 1.0
+    # an older layout without verdict or interpolation
+    old = {"crossover_concurrency": 21.9, "crossover_ci_low": None, "threshold": 19}
+    assert _crossover_numbers(old) == {"crossover_concurrency": 21.9, "threshold": 19.0}
+    assert _verdict_tags({"arms": {"eagle3": _arm(None, "inconclusive")}}) == {
+        "specsweep.verdict.eagle3": "inconclusive"
+    }
+
+
+def test_final_print_with_an_inconclusive_crossover(tmp_path: Path) -> None:
+    res = tmp_path / "exp"
+    (res / "v").mkdir(parents=True)
+    doc = {
+        "experiment": "exp",
+        "variant": "v",
+        "source": "simulated",
+        "bootstrap": {"confidence": 0.95},
+        "policy_rule": "crossover_lower",
+        "arms": {"eagle3": _arm(None, "inconclusive")},
+    }
+    (res / "v" / "crossover.json").write_text(json.dumps(doc))
+    (res / "w").mkdir()
+    (res / "w" / "crossover.json").write_text(json.dumps({"arms": {"eagle3": {"levels": []}}}))
+    config = {"results_dir": str(tmp_path), "experiment": "exp", "variants": ["v", "w"], "mlflow": {"enabled": False}}
+    text = final_text(config)
+    assert "eagle3: policy: INCONCLUSIVE, no threshold" in text and "add levels: 2, 4, 8" in text
+    assert "cannot show the table" in text  # a malformed file is named, not fatal

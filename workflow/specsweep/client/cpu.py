@@ -190,7 +190,9 @@ def _cpu_ticks(cpus: tuple[int, ...] | None) -> tuple[float, float]:
             if cpus is not None and int(name[3:]) not in cpus:
                 continue
             v = [int(x) for x in vals]
-            busy += v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
+            # user nice system: time of processes; interrupts (the loopback traffic's softirq work among them)
+            # are charged to no process, so they are left out rather than counted as someone else's work
+            busy += v[0] + v[1] + v[2]
             steal += v[7] if len(v) > 7 else 0
     return busy / _TICK, steal / _TICK
 

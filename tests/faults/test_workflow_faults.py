@@ -108,7 +108,7 @@ def test_failing_cell_keeps_the_rest_and_rerun_redoes_only_what_is_missing(workd
     assert first.returncode != 0
     done = summaries(workdir)
     assert {p.parent.parent.name for p in done} == {"baseline"} and len(done) == 2, first.stdout[-2000:]
-    assert "exited during the cell" in "".join(
+    assert "stopped during the cell" in "".join(
         p.read_text() for p in (workdir / "results" / "wf" / "logs" / "cells").glob("sim.eagle3.*.log")
     )
     servers_gone_within(workdir, 30)

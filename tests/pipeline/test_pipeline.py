@@ -24,14 +24,16 @@ def test_cells_written(run_dir: Path) -> None:
             cell = run_dir / "results" / EXP / "sim" / arm / f"c{c}"
             df = pd.read_parquet(cell / "requests.parquet")
             summary = json.loads((cell / "summary.json").read_text())
-            n = max(4, 2 * c)
+            n = c + max(8, 4 * c)  # C ramp requests, then the measured ones (tiny.yaml: per_concurrency 4, floor 8)
             assert len(df) == 2 * n, (arm, c)  # two repeats, each its own record
+            assert int(df["ramp"].sum()) == 2 * c
             assert sorted(df["repeat"].unique()) == [0, 1]
             assert [r["repeat"] for r in summary["repeats"]] == [0, 1]
             assert summary["metrics"]["n_repeats"] == 2
             assert df["ok"].all()
-            assert (df["output_tokens"] == 12).all()
-            assert (df["server_output_tokens"] == 12).all()
+            assert (df["output_tokens"] == df["expected_output_tokens"]).all()
+            assert (df["server_output_tokens"] == df["expected_output_tokens"]).all()
+            assert (df[~df["ramp"]]["output_tokens"] == 12).all()  # ramp requests ask (k+1)/C of it
             assert summary["cell"] == {
                 "experiment": EXP,
                 "variant": "sim",
@@ -49,6 +51,13 @@ def test_cells_written(run_dir: Path) -> None:
                 assert m["accept_length"] > 1.0
             assert summary["validity"]["valid"], summary["validity"]
             assert summary["server"]["identity"]
+            for rep in summary["repeats"]:  # isolated: a cache reset and a prompt set of its own per repeat
+                assert rep["cache_reset"] == "flushed"
+                assert rep["metrics"]["prefix_cache"]["hit_rate"] == 0.0
+            assert len({rep["prompt_set_sha256"] for rep in summary["repeats"]}) == 2
+            client = summary["metrics"]["client"]
+            assert client["busy_share"] is not None and client["wait_share"] is not None
+            assert summary["cpus"]["client"] and summary["cpus"]["server"]
 
 
 def test_fingerprint_written(run_dir: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from specsweep import servers
 from specsweep.client.backends import RequestSpec
-from specsweep.client.cpu import CpuPlan, format_cpus, pin_self, plan_cpus
+from specsweep.client.cpu import CpuPlan, format_cpus, pinned, plan_cpus
 from specsweep.client.loadgen import measure_level, new_session
 from specsweep.client.prompts import LevelPrompts, level_prompts
 from specsweep.config import variant_for_server
@@ -190,10 +190,10 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
     with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
         server_ready_s = time.monotonic() - t_ask
         server = make_spec(rec.port)
-        pin_self(plan.client)
-        records, summary = asyncio.run(
-            measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
-        )
+        with pinned(plan.client):
+            records, summary = asyncio.run(
+                measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
+            )
     key = cell_key(spec["experiment"], spec["variant_name"], arm_name, spec["concurrency"])
     summary.update(
         {

@@ -345,8 +345,16 @@ def acquire(
             _wait_ready(state_dir, rec, spec)
             log_event(state_dir, "ready", label=label, identity=rec.identity, pid=rec.server_pid)
         yield rec
-        if process_started(rec.server_pid) is None:
-            raise ServerError(f"the server of {label} exited during the cell; see {rec.log_path}")
+        # A server being stopped (its owner went away) may linger while it shuts down: a cell measured against
+        # it holds failures, not the engine. Its record is gone, or it no longer answers its readiness path.
+        current = read_record(_record_path(state_dir, probe.resource))
+        if (
+            process_started(rec.server_pid) is None
+            or current is None
+            or current.server_pid != rec.server_pid
+            or not is_ready(rec.base_url, probe.readiness_paths)
+        ):
+            raise ServerError(f"the server of {label} stopped during the cell; see {rec.log_path}")
 
 
 # ---------------------------------------------------------------- supervisor

@@ -15,8 +15,10 @@ are neither the client nor the server tree (another job, a test run), which slow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = [
     "host_snapshot",
     "parse_cpus",
     "pin_self",
+    "pinned",
     "plan_cpus",
     "usage_now",
 ]
@@ -132,6 +135,18 @@ def pin_self(cpus: tuple[int, ...] | None) -> None:
     """Restrict this process (all its threads) to `cpus`; None leaves it alone."""
     if cpus:
         os.sched_setaffinity(0, cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: tuple[int, ...] | None) -> Iterator[None]:
+    """This process on `cpus` for the block, its former CPU set restored after (a cell run in-process, as the
+    fault suite does, must not leave its caller on one core)."""
+    before = os.sched_getaffinity(0)
+    pin_self(cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _schedstat_ns() -> tuple[int, int]:

@@ -48,8 +48,8 @@ DAG_TIMEOUT_S = float(os.environ.get("SPECSWEEP_REAL_ENGINE_TIMEOUT_S") or 1800)
 
 
 def n_requests(c: int) -> int:
-    """Rows per repeat: C ramp requests and the example's measured ones (per_concurrency 4, floor 8)."""
-    return c + max(8, 4 * c)
+    """Rows per repeat: C ramp requests and the example's measured ones (per_concurrency 8, floor 8)."""
+    return c + max(8, 8 * c)
 
 
 def within(path: str, workdir: Path) -> bool:

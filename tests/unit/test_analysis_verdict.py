@@ -160,11 +160,16 @@ def test_decide_verdict_rules() -> None:
     assert v["kind"] == "crossover" and "C=70" in v["notes"][0]
     v = decide_verdict(_x(7.0, 6.0, 9.0, within), used, [*used, 8.0], [8.0], 2.0)
     assert v["kind"] == "inconclusive" and v["remeasure_levels"] == [8]
-    # an interval open on one side is too wide whatever its ratio
+    # open on the side of the point estimate: an answer (it won everywhere; the lower end is how far that is sure)
     v = decide_verdict(_x(None, 80.0, None, ("above_range", "within", "above_range")), used, used, [], 2.0)
-    assert v["kind"] == "inconclusive" and 200 in v["add_levels"]
+    assert v["kind"] == "wins_everywhere" and "pays at least up to C=80" in v["reason"]
+    v = decide_verdict(_x(0.0, 0.0, 3.0, ("below_range", "below_range", "within")), used, used, [], 2.0)
+    assert v["kind"] == "loses_everywhere"
+    # open on the other side: the point estimate and its interval disagree, whatever the ratio
     v = decide_verdict(_x(1.5, 0.0, 3.0, ("within", "below_range", "within")), used, used, [], 2.0)
-    assert v["kind"] == "inconclusive"
+    assert v["kind"] == "inconclusive" and v["add_levels"]
+    v = decide_verdict(_x(50.0, 30.0, None, ("within", "within", "above_range")), used, used, [], 2.0)
+    assert v["kind"] == "inconclusive" and 200 in v["add_levels"]
     # nothing measured validly
     v = decide_verdict(None, [], [1.0, 2.0], [1.0, 2.0], 2.0)
     assert v["kind"] == "inconclusive" and v["remeasure_levels"] == [1, 2]

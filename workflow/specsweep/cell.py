@@ -19,7 +19,7 @@ from typing import Any
 from specsweep import servers
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, format_cpus, pinned, plan_cpus
-from specsweep.client.loadgen import measure_level, new_session
+from specsweep.client.loadgen import measure_level, new_session, warmup_count
 from specsweep.client.prompts import LevelPrompts, level_prompts
 from specsweep.config import variant_for_server
 from specsweep.engines import get_engine
@@ -83,7 +83,7 @@ async def build_prompts(
         spec["concurrency"],
         spec["n_requests"] + ramp,
         spec["repeats"],
-        workload["warmup_requests"],
+        warmup_count(workload["warmup_requests"], spec["concurrency"]),
         workload["input_tokens"],
         workload["seed"],
         workload["output_tokens"],

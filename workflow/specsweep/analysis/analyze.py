@@ -364,6 +364,16 @@ def _limit_text(x: dict[str, Any], field: str) -> str:
     return f"{x[field]:.3g}"
 
 
+def _open_towards_estimate(states: dict[str, str]) -> bool:
+    """An interval open on the side where the point estimate lies is an answer, not a gap: speculation won at
+    every level and the lower end says up to where that is sure (or it lost at the lowest level and the upper end
+    says how far that may reach). Open on the other side, the measurement contradicts itself: inconclusive."""
+    return (states["estimate"], states["hi"]) == ("above_range", "above_range") or (
+        states["estimate"],
+        states["lo"],
+    ) == ("below_range", "below_range")
+
+
 def decide_verdict(
     crossover: dict[str, Any] | None,
     used: Sequence[float],
@@ -420,7 +430,7 @@ def decide_verdict(
         ratio = crossover["hi"] / crossover["lo"]
         if ratio > max_ratio:
             too_wide = f"crossover interval {interval} spans {ratio:.2f}x > analysis.max_crossover_ratio {max_ratio:g}"
-    elif st["lo"] != st["hi"]:
+    elif st["lo"] != st["hi"] and not _open_towards_estimate(st):
         too_wide = f"crossover interval {interval} is open beyond the measured levels"
     if too_wide:
         add = suggest_levels(crossover, used_s, configured, max_ratio)
@@ -447,6 +457,11 @@ def decide_verdict(
         )
     elif kind == "wins_everywhere":
         reason = f"speculation wins at every level, C={used_s[0]:g} to {used_s[-1]:g}, all measured validly"
+        if st["lo"] == "within":
+            reason += (
+                f"; with 95% confidence it pays at least up to C={crossover['lo']:.3g} (the interval {interval} "
+                "is open above the measured levels)"
+            )
     else:
         reason = f"speculation already loses at the lowest level, C={used_s[0]:g}"
         if upward:

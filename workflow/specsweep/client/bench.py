@@ -20,7 +20,7 @@ from tqdm import tqdm
 from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
 from specsweep.client.cpu import format_cpus, pin_self, plan_cpus
-from specsweep.client.loadgen import measure_level
+from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults, request_count
 from specsweep.engines import ENGINES, get_engine
@@ -169,7 +169,7 @@ async def _bench(args: argparse.Namespace) -> int:
             c,
             n + (0 if args.no_stagger else c),
             args.repeats,
-            args.warmup,
+            warmup_count(args.warmup, c),
             args.input_tokens,
             args.seed,
             args.output_tokens,

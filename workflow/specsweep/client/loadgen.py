@@ -143,6 +143,15 @@ def new_session(concurrency: int = 0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
+WARMUP_TOKENS = 32  # a warm-up request's output cap: enough decode steps at batch size C, little time
+
+
+def warmup_count(warmup: int, concurrency: int) -> int:
+    """Warm-up requests of a level: at least one per slot, so the server meets every batch size up to C (graph
+    capture, kernel selection, allocations) before it is measured; none when `warmup` is 0."""
+    return max(warmup, concurrency) if warmup > 0 else 0
+
+
 def ramp_length(nominal: int, slot: int, concurrency: int) -> int:
     """Output tokens of slot `slot`'s first request: its share (slot+1)/C of the nominal length."""
     return max(1, math.ceil(nominal * (slot + 1) / concurrency))
@@ -236,8 +245,8 @@ async def measure_level(
 ) -> LevelResult:
     """Measure one concurrency level: the warm-up, then R repeats, each on its own prompt set.
 
-    The one measuring path of the pipeline and `specsweep bench`. Warm-up (`warmup` requests from the warm-up
-    set, not recorded) runs once. Before each repeat: the engine's prefix cache is reset (`hooks`), the host's
+    The one measuring path of the pipeline and `specsweep bench`. Warm-up (`warmup_count(warmup, C)` requests
+    of at most WARMUP_TOKENS tokens from the warm-up set, at concurrency C, not recorded) runs once. Before each repeat: the engine's prefix cache is reset (`hooks`), the host's
     idle loop lag is probed, counters are read; around the closed loop the client's CPU time, run-queue wait
     and chunk-stamp statistics are taken, and (with `server_pid`) the CPU time of the server tree and of other
     processes on `watch_cpus` (the client's and the server's CPUs); after it, the counters again.
@@ -251,9 +260,10 @@ async def measure_level(
     stream: FastPool | aiohttp.ClientSession = FastPool() if spec.transport == "fast" else s
     result = LevelResult(concurrency=concurrency, n_requests=n_requests, repeats=[], stagger=stagger)
     try:
-        if warmup > 0:
+        n_warm = min(warmup_count(warmup, concurrency), len(prompts.warmup))
+        if n_warm > 0:
             wrecs = await run_closed_loop(
-                stream, spec, prompts.warmup, output_tokens, min(concurrency, warmup), min(warmup, len(prompts.warmup))
+                stream, spec, prompts.warmup, min(output_tokens, WARMUP_TOKENS), min(concurrency, n_warm), n_warm
             )
             result.warmup_errors = sum(1 for r in wrecs if not r.ok)
             if wrecs and all(not r.ok for r in wrecs):

@@ -290,11 +290,11 @@ async def level_prompts(
         return _file_level_prompts(Path(prompts_file), concurrency, n_per_repeat, repeats, n_warmup, seed, output)
 
     async def build(tok: Tokenizer | None, name: str) -> LevelPrompts:
-        async def one(n: int, tag: str) -> PromptSet:
-            return await make_prompts(n, input_tokens, set_seed(seed, tag), tok, name, tag, output)
+        async def one(n: int, tag: str, out: OutputSpec) -> PromptSet:
+            return await make_prompts(n, input_tokens, set_seed(seed, tag), tok, name, tag, out)
 
-        warm = await one(n_warmup, warmup_tag(concurrency))
-        sets = [await one(n_per_repeat, cell_tag(concurrency, r)) for r in range(repeats)]
+        warm = await one(n_warmup, warmup_tag(concurrency), None)  # warm-up lengths are the caller's (short)
+        sets = [await one(n_per_repeat, cell_tag(concurrency, r), output) for r in range(repeats)]
         return LevelPrompts(warm, sets, unique=True)
 
     return await _with_tokenizer(build, url, model, tokenizer_path, headers)

@@ -278,9 +278,14 @@ def test_servers_stopped(run_dir: Path) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin client and engine together")
-def test_client_on_the_engines_core_is_caught_as_starved(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Client and the whole vLLM tree forced onto one core: the cell must come out invalid, as starved."""
-    workdir = tmp_path_factory.mktemp("real_vllm_starved")
+def test_client_on_the_engines_core_is_thrown_out(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Client and the whole vLLM tree forced onto one core: the cell is invalid, and its client figures say why.
+
+    Measured here (Linux 6.18): the kernel gives a light event loop the core soon after it wakes, so the client
+    itself waited ~6% of the time (loop lag p99 ~2 ms, under the starvation gate) while the engine ran on what the
+    client left: the gate on shared CPUs is what keeps such a cell out. Starvation proper (several busy threads
+    on the client's core) is caught by tests/unit/test_client_cpu.py."""
+    workdir = tmp_path_factory.mktemp("real_vllm_shared")
     try:
         write_config(workdir)
         config = yaml.safe_load((workdir / "config.yaml").read_text())
@@ -293,8 +298,10 @@ def test_client_on_the_engines_core_is_caught_as_starved(tmp_path_factory: pytes
         rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
         assert rc == 0, out[-5000:]
         s = json.loads((workdir / target).read_text())
-        assert s["cpus"]["client"] == s["cpus"]["server"] == core
+        assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
         assert not s["validity"]["valid"]
-        assert any("client starved" in r for r in s["validity"]["reasons"]), s["validity"]
+        assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]
+        client = s["metrics"]["client"]
+        assert client["wait_share"] is not None and client["busy_share"] is not None  # measured either way
     finally:
         stop_everything(workdir)

@@ -247,6 +247,13 @@ def test_client_cpu_gates_catch_saturated_and_starved_clients() -> None:
     assert v["valid"] and any("starvation not checked" in f for f in v["flags"])
 
 
+def test_shared_cpus_invalidate_unless_allowed() -> None:
+    shared = {**QUIET, "shared_cpus": "1"}
+    v = valid(good_cell(), client=shared)
+    assert not v["valid"] and any("client and server share CPUs 1" in r for r in v["reasons"])
+    assert valid(good_cell(), client=shared, gates={"allow_shared_cpus": True})["valid"]
+
+
 def test_prefix_cache_hits_invalidate_a_cell() -> None:
     df = good_cell()
     df["cached_tokens"] = 0

@@ -18,7 +18,7 @@ from typing import Any
 
 from specsweep import servers
 from specsweep.client.backends import RequestSpec
-from specsweep.client.cpu import CpuPlan, format_cpus, pinned, plan_cpus
+from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.loadgen import measure_level, new_session, warmup_count
 from specsweep.client.prompts import LevelPrompts, level_prompts
 from specsweep.config import variant_for_server
@@ -148,7 +148,7 @@ async def measure(
         spec["gates"],
         slos,
         int(max_running) if isinstance(max_running, int | float) else None,
-        client_cpus=format_cpus(plan.client),
+        cpus=plan,
     )
     summary["workload"].update(
         {

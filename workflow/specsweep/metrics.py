@@ -290,6 +290,7 @@ def client_figures(
         "cpu_s": c.get("cpu_s"),
         "wall_s": c.get("wall_s"),
         "cpus": c.get("cpus"),
+        "shared_cpus": c.get("shared_cpus"),
         "transport": c.get("transport"),
         "stamps": c.get("stamps") or {},
         "loop_lag_ms": lag_s,
@@ -373,7 +374,7 @@ def validity(
     m: Mapping[str, Any],
     df: pd.DataFrame,
     concurrency: int,
-    gates: Mapping[str, float],
+    gates: Mapping[str, Any],
     server_max_running: int | None = None,
 ) -> dict[str, Any]:
     """Gates on one repeat's metrics -> {valid, reasons[], flags[]}. Reasons invalidate; flags inform.
@@ -398,6 +399,11 @@ def validity(
         reasons.append(
             f"client starved: it waited for a CPU {c['wait_share']:.0%} of the time "
             f"> {gates['max_client_wait_share']:.0%} (another process shares its core; see client.cpus)"
+        )
+    if c.get("shared_cpus") and not gates["allow_shared_cpus"]:
+        reasons.append(
+            f"client and server share CPUs {c['shared_cpus']}: the engine's figures include the client's work and "
+            "the client can be starved (give them separate CPUs: client.cpus, variants.<name>.cpus)"
         )
     foreign = c.get("foreign_cpu_share")
     if foreign is not None and foreign > gates["max_foreign_cpu_share"]:
@@ -527,6 +533,7 @@ def _worst_client(per_rep: list[dict[str, Any]], pooled: dict[str, Any]) -> dict
     out["stamps"] = {"kernel_share": min(known) if known else None}
     out["transport"] = next((c.get("transport") for c in per_rep if c.get("transport")), None)
     out["cpus"] = next((c.get("cpus") for c in per_rep if c.get("cpus")), None)
+    out["shared_cpus"] = next((c.get("shared_cpus") for c in per_rep if c.get("shared_cpus")), None)
     return out
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from pyarrow.parquet import write_table as pq_write
 
 from specsweep.client.backends import RequestSpec
+from specsweep.client.cpu import CpuPlan, format_cpus
 from specsweep.client.loadgen import LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
 from specsweep.io import atomic_path
@@ -39,14 +40,18 @@ def level_summary(
     slos: dict[str, float] | None = None,
     server_max_running: int | None = None,
     extra: dict[str, Any] | None = None,
-    client_cpus: str | None = None,
+    cpus: CpuPlan | None = None,
 ) -> dict[str, Any]:
     """The summary.json body for one measured level (the cell runner adds `cell`, `server`, `source`...)."""
     meta = [
         {
             "lag": r.lag_samples,
             "idle_lag": r.idle_lag_samples,
-            "client": {**r.client, "cpus": client_cpus},
+            "client": {
+                **r.client,
+                "cpus": format_cpus(cpus.client) if cpus else None,
+                "shared_cpus": format_cpus(cpus.shared) if cpus else None,
+            },
             "counters": r.counters,
         }
         for r in level.repeats

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
-from specsweep.client.cpu import format_cpus, pin_self, plan_cpus
+from specsweep.client.cpu import pin_self, plan_cpus
 from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults, request_count
@@ -206,7 +206,7 @@ async def _bench(args: argparse.Namespace) -> int:
             slos,
             args.server_max_running,
             extra={"url": args.url, "cpus": plan.as_dict()},
-            client_cpus=format_cpus(plan.client),
+            cpus=plan,
         )
         write_cell(Path(args.out) / f"c{c}", level.records, summary)
         m, v = summary["metrics"], summary["validity"]

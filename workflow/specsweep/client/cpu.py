@@ -88,6 +88,13 @@ class CpuPlan:
     note: str = ""
 
     @property
+    def shared(self) -> tuple[int, ...]:
+        """CPUs the client and the server were both given (none under 'auto' with two or more CPUs)."""
+        if self.client is None or self.server is None:
+            return ()
+        return tuple(sorted(set(self.client) & set(self.server)))
+
+    @property
     def watched(self) -> tuple[int, ...] | None:
         """The CPUs a measurement runs on (client and server), None when either is unpinned (all CPUs)."""
         if self.client is None or self.server is None:
@@ -95,7 +102,12 @@ class CpuPlan:
         return tuple(sorted(set(self.client) | set(self.server)))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"client": format_cpus(self.client), "server": format_cpus(self.server), "note": self.note}
+        return {
+            "client": format_cpus(self.client),
+            "server": format_cpus(self.server),
+            "shared": format_cpus(self.shared),
+            "note": self.note,
+        }
 
 
 def available_cpus() -> tuple[int, ...]:

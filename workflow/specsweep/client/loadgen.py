@@ -246,10 +246,11 @@ async def measure_level(
     """Measure one concurrency level: the warm-up, then R repeats, each on its own prompt set.
 
     The one measuring path of the pipeline and `specsweep bench`. Warm-up (`warmup_count(warmup, C)` requests
-    of at most WARMUP_TOKENS tokens from the warm-up set, at concurrency C, not recorded) runs once. Before each repeat: the engine's prefix cache is reset (`hooks`), the host's
-    idle loop lag is probed, counters are read; around the closed loop the client's CPU time, run-queue wait
-    and chunk-stamp statistics are taken, and (with `server_pid`) the CPU time of the server tree and of other
-    processes on `watch_cpus` (the client's and the server's CPUs); after it, the counters again.
+    of at most WARMUP_TOKENS tokens from the warm-up set, at concurrency C, not recorded) runs once. Before each
+    repeat: the engine's prefix cache is reset (`hooks`), the host's idle loop lag is probed, counters are read.
+    Around the closed loop: the client's CPU time, run-queue wait and chunk-stamp statistics, and (with
+    `server_pid`) the CPU time of the server tree and of other processes on `watch_cpus` (the client's and the
+    server's CPUs). After it, the counters again.
     """
     if concurrency < 1 or n_requests < 1 or repeats < 1:
         raise ValueError("concurrency, n_requests and repeats must be >= 1")

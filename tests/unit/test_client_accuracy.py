@@ -109,13 +109,32 @@ def _errors(df) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def
     return np.asarray(ttft_err), np.abs(np.asarray(gap_err))
 
 
+def _wait_s(pid: int) -> float:
+    """Seconds the process's threads spent ready to run but waiting for a CPU (/proc/<pid>/task/*/schedstat)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except OSError:  # a thread that just ended
+            continue
+    return total / 1e9
+
+
+def _steal_s() -> float:
+    with open("/proc/stat") as f:
+        v = f.readline().split()[1:]
+    return int(v[7]) / os.sysconf("SC_CLK_TCK") if len(v) > 7 else 0.0
+
+
 @pytest.mark.timeout(90)
 def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], request: pytest.FixtureRequest) -> None:
-    """p99 of both errors under 1 ms at C=100.
+    """p99 of both errors under 1 ms at C=100, measured once.
 
-    Other processes on a small machine steal the CPU either side needs to stamp on time: an attempt during
-    which they used more than a quarter core is retried, and the test skips (printing the figures) only if every
-    attempt was disturbed that way. Two misses on a quiet machine fail.
+    The reference is the engine's own stamp taken just before it writes a chunk: when the engine is preempted
+    between stamping and writing (another process on its core, or the hypervisor taking the VM), the reference
+    is off, not the client. That disturbance is measured (the engine's run-queue wait, stolen time, other
+    processes' CPU); above the limits below the figures are printed and the test skips, otherwise a miss fails.
     """
     url, sim_pid = sim
     backend = "openai" if "speculative" in request.node.callspec.id else "sglang"  # each API once, both arms
@@ -127,34 +146,32 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
         return await measure_level(spec, 100, 200, prompts, 24, warmup=4, idle_probe_s=0.1)
 
     tick = os.sysconf("SC_CLK_TCK")
-    seen = []
-    quiet_misses = 0
-    for _attempt in range(3):
-        b0, s0, o0, t0 = _busy_jiffies(), _proc_jiffies(sim_pid), _proc_jiffies(os.getpid()), time.monotonic()
-        lvl = asyncio.run(go())
-        wall = time.monotonic() - t0
-        own = (_proc_jiffies(sim_pid) - s0) + (_proc_jiffies(os.getpid()) - o0)
-        foreign = max(0.0, (_busy_jiffies() - b0 - own) / tick / wall)
-        df = lvl.records
-        assert df["ok"].all(), df.loc[~df["ok"], "error"].head().tolist()
-        assert (df["output_tokens"] == df["expected_output_tokens"]).all()
-        assert (df["server_output_tokens"] == df["expected_output_tokens"]).all()
-        ttft_err, gap_err = _errors(df)
-        assert (ttft_err > -1e-4).all()  # a chunk is never seen before it was sent (same clock)
-        rep = lvl.repeats[0]
-        s = summarize(df, 100, defaults("gates"), repeats=[{"lag": rep.lag_samples, "client": rep.client}])
-        assert s["metrics"]["achieved_concurrency"] >= 95
-        t99, g99 = np.percentile(ttft_err, 99), np.percentile(gap_err, 99)
-        msg = (
-            f"TTFT error p99 {t99 * 1e3:.3f} ms, gap error p99 {g99 * 1e3:.3f} ms, loop lag p99 "
-            f"{s['metrics']['loop_lag_ms']['p99']:.2f} ms, other processes {foreign:.2f} cores, "
-            f"{int(df['chunk_tokens'].map(len).sum())} chunks"
-        )
-        print(msg)
-        seen.append(msg)
-        if t99 < TOLERANCE_S and g99 < TOLERANCE_S:
-            return
-        quiet_misses += foreign <= 0.25
-        if quiet_misses >= 2:  # one stray scheduling hiccup of a shared VM is retried; a second one fails
-            pytest.fail(f"client timestamps off on a quiet machine: {' | '.join(seen)}")
-    pytest.skip("machine busy with other processes in every attempt; accuracy not measurable: " + " | ".join(seen))
+    b0, s0, o0, t0 = _busy_jiffies(), _proc_jiffies(sim_pid), _proc_jiffies(os.getpid()), time.monotonic()
+    w0, st0 = _wait_s(sim_pid), _steal_s()
+    lvl = asyncio.run(go())
+    wall = time.monotonic() - t0
+    own = (_proc_jiffies(sim_pid) - s0) + (_proc_jiffies(os.getpid()) - o0)
+    foreign = max(0.0, (_busy_jiffies() - b0 - own) / tick / wall)
+    engine_wait, steal = (_wait_s(sim_pid) - w0) / wall, (_steal_s() - st0) / wall
+    df = lvl.records
+    assert df["ok"].all(), df.loc[~df["ok"], "error"].head().tolist()
+    assert (df["output_tokens"] == df["expected_output_tokens"]).all()
+    assert (df["server_output_tokens"] == df["expected_output_tokens"]).all()
+    ttft_err, gap_err = _errors(df)
+    assert (ttft_err > -1e-4).all()  # a chunk is never seen before it was sent (same clock)
+    rep = lvl.repeats[0]
+    s = summarize(df, 100, defaults("gates"), repeats=[{"lag": rep.lag_samples, "client": rep.client}])
+    assert s["metrics"]["achieved_concurrency"] >= 95
+    assert rep.client["stamps"]["kernel_share"] == 1.0  # every read stamped by the kernel on Linux over http
+    t99, g99 = np.percentile(ttft_err, 99), np.percentile(gap_err, 99)
+    msg = (
+        f"TTFT error p99 {t99 * 1e3:.3f} ms, gap error p99 {g99 * 1e3:.3f} ms, loop lag p99 "
+        f"{s['metrics']['loop_lag_ms']['p99']:.2f} ms; engine waited {engine_wait:.2%} of the time, stolen "
+        f"{steal:.2%}, other processes {foreign:.2f} cores; {int(df['chunk_tokens'].map(len).sum())} chunks"
+    )
+    print(msg)
+    if t99 < TOLERANCE_S and g99 < TOLERANCE_S:
+        return
+    if engine_wait > 0.005 or steal > 0.005 or foreign > 0.25:
+        pytest.skip(f"the engine's own stamps were disturbed; accuracy not measurable: {msg}")
+    pytest.fail(f"client timestamps off on a quiet machine: {msg}")

@@ -304,6 +304,15 @@ def test_repeats_pooled_and_per_repeat() -> None:
     json.dumps(jsonable(s), allow_nan=False)
 
 
+def test_reissue_delays_stay_within_a_repeat() -> None:
+    df = pd.concat([good_cell(0), good_cell(1)], ignore_index=True)
+    df["slot"] = [0, 1, 0, 1, 0] * 2
+    s = summarize(df, 2, GATES, repeats=one() * 2)
+    per = [r["metrics"]["client"]["reissue_delay_ms"]["max"] for r in s["repeats"]]
+    assert per == pytest.approx([0.0, 0.0])  # each end is followed at once by the slot's next send
+    assert s["metrics"]["client"]["reissue_delay_ms"]["max"] == pytest.approx(0.0)  # not repeat 1 minus repeat 0
+
+
 def test_counters_are_summed_over_repeats() -> None:
     df = pd.concat([good_cell(0), good_cell(1)], ignore_index=True)
     c1 = (

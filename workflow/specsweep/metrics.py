@@ -128,7 +128,8 @@ def reissue_delays(df: pd.DataFrame) -> np.ndarray:
     if "slot" not in df or df.empty:
         return np.empty(0)
     out = []
-    for _, g in df[df["slot"] >= 0].groupby("slot"):
+    keys = ["repeat", "slot"] if "repeat" in df else ["slot"]  # repeats have clocks of their own
+    for _, g in df[df["slot"] >= 0].groupby(keys):
         g = g.sort_values("send_s")
         out.append(g["send_s"].to_numpy(dtype=float)[1:] - g["end_s"].to_numpy(dtype=float)[:-1])
     a = np.concatenate(out) if out else np.empty(0)

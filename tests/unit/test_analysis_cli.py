@@ -88,7 +88,7 @@ def test_crossover_cli_writes_everything(experiment: Path, capsys: pytest.Captur
     assert res["bootstrap"]["replicates"] == 300
     assert ar["levels"] == [1.0, 2.0, 5.0, 10.0]
     assert ar["invalid_cells"][0]["concurrency"] == 30.0
-    assert ar["cell_keys"]["spec"][0] == "cu128/eagle3/c1"
+    assert ar["cell_keys"]["spec"][0] == "exp/cu128/eagle3/c1"  # the one key format (summary.cell_key)
     assert {"crossover", "crossings", "monotone", "metrics", "per_level", "winner"} <= set(ar)
     assert "speedup [95% CI]" in out and "crossover" in out and "no (eagle3: client_lag)" in out
     for kind in ("throughput", "speedup", "latency", "accept_length"):

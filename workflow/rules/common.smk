@@ -5,7 +5,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from specsweep.config import cell_spec, dumps, requests_for, server_group_priority, speculative_arms
+from specsweep.config import (
+    analysis_spec,
+    cell_spec,
+    dumps,
+    requests_for,
+    server_group_priority,
+    speculative_arms,
+    tracking_spec,
+)
 
 EXP = config["experiment"]
 RES = Path(config["results_dir"]) / EXP
@@ -17,7 +25,7 @@ LEVELS = sorted(config["concurrency"])
 BASELINE_ARM = config["analysis"]["baseline_arm"]
 SPECSWEEP = f"{shlex.quote(sys.executable)} -m specsweep"
 TRACKING = config["mlflow"]["enabled"]
-CONFIG_JSON = dumps(config)
+TRACKING_JSON = dumps(tracking_spec(config))
 
 
 def known(kind, name, names):
@@ -52,10 +60,36 @@ def cell_inputs(wildcards):
         raise ValueError(
             f"concurrency {wildcards.c} is not among the configured levels {LEVELS}; add it to 'concurrency'"
         )
-    inputs = {"env": RES / "envs" / f"{variant}.json"}
+    inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
     if config["variants"][variant].get("model_builder"):
-        inputs["model"] = RES / "models" / variant / "config.json"
+        inputs["model"] = expand(rules.model.output[0], variant=variant)[0]
     return inputs
+
+
+def variant_analysis_json(wildcards):
+    return dumps(analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]))
+
+
+def recipe_input(wildcards):
+    """The variant's environment recipe as an input of its env job: editing the file reruns the stack's jobs."""
+    v = config["variants"][known("variant", wildcards.variant, VARIANTS)]
+    if v.get("python") or not v.get("recipe"):
+        return []
+    recipe = Path(v["recipe"])
+    if not recipe.is_file():
+        raise ValueError(
+            f"variant '{wildcards.variant}': environment recipe {recipe} does not exist; "
+            "fix variants.<name>.recipe (a pip requirements file under envs/)"
+        )
+    return [str(recipe)]
+
+
+def builder_input(wildcards):
+    """The model builder's source as an input of the model job: a changed builder rebuilds the model."""
+    from specsweep.modelbuild import builder_source
+
+    v = config["variants"][known("variant", wildcards.variant, VARIANTS)]
+    return [str(builder_source(v["model_builder"]))]
 
 
 def cell_spec_json(wildcards):
@@ -84,13 +118,7 @@ def fingerprint_args(wildcards):
     if v.get("python"):
         args += ["--python", v["python"]]
     elif v.get("recipe"):
-        recipe = Path(v["recipe"])
-        if not recipe.is_file():
-            raise ValueError(
-                f"variant '{wildcards.variant}': environment recipe {recipe} does not exist; "
-                "fix variants.<name>.recipe (a pip requirements file under envs/)"
-            )
-        args += ["--recipe", str(recipe)]
+        args += ["--recipe", str(recipe_input(wildcards)[0])]
     if v.get("gpus"):
         args += ["--gpus", str(v["gpus"])]
     for key, value in v.get("env_vars", {}).items():

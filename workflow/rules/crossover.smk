@@ -6,7 +6,7 @@ rule crossover_variant:
     input:
         summaries=variant_cells,
         requests=lambda w: variant_cells(w, "requests.parquet"),
-        env=RES / "envs" / "{variant}.json",
+        env=rules.env.output[0],
     output:
         crossover=report(
             RES / "{variant}" / "crossover.json", category="Crossover", subcategory="{variant}",
@@ -25,7 +25,7 @@ rule crossover_variant:
     benchmark:
         RES / "benchmarks" / "crossover.{variant}.tsv"
     params:
-        config=CONFIG_JSON,
+        config=variant_analysis_json,
         cells_root=lambda w: RES / w.variant,
         out_dir=lambda w: RES / w.variant,
     shell:
@@ -44,8 +44,10 @@ rule compare:
         ),
     log:
         LOGS / "comparison.log",
+    benchmark:
+        RES / "benchmarks" / "compare.tsv"
     params:
-        config=CONFIG_JSON,
+        config=dumps(analysis_spec(config, VARIANTS)),
         out_dir=RES / "comparison",
     shell:
         "{SPECSWEEP} compare --config {params.config:q} --experiment-dir {RES} --out-dir {params.out_dir} > {log} 2>&1"

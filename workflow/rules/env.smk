@@ -3,6 +3,8 @@
 
 rule env:
     """Build the variant's environment from its envs/ recipe (reused while unchanged) and fingerprint it."""
+    input:
+        recipe=recipe_input,
     output:
         report(
             RES / "envs" / "{variant}.json", category="Stacks", caption="../report/fingerprints.rst",
@@ -22,7 +24,8 @@ rule env:
 rule model:
     """Build a model locally (no downloads) for variants with a model_builder, in the variant's environment."""
     input:
-        env=RES / "envs" / "{variant}.json",
+        env=rules.env.output[0],
+        builder=builder_input,
     output:
         RES / "models" / "{variant}" / "config.json",
     log:

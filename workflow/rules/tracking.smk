@@ -12,7 +12,7 @@ rule track_sweep:
     benchmark:
         RES / "benchmarks" / "track_sweep.{variant}.{arm}.tsv"
     params:
-        config=CONFIG_JSON,
+        config=TRACKING_JSON,
     shell:
         "{SPECSWEEP} track sweep --config {params.config:q} --variant {wildcards.variant} --arm {wildcards.arm}"
         " --out {output} {input.summaries} > {log} 2>&1"
@@ -30,7 +30,7 @@ rule track_crossover:
     benchmark:
         RES / "benchmarks" / "track_crossover.{variant}.tsv"
     params:
-        config=CONFIG_JSON,
+        config=TRACKING_JSON,
     shell:
         "{SPECSWEEP} track crossover --config {params.config:q} --variant {wildcards.variant}"
         " --crossover {input.crossover} --out {output} {input.sweeps} > {log} 2>&1"

@@ -25,7 +25,7 @@ from specsweep.config import variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
-from specsweep.summary import SCHEMA_VERSION, cell_key, level_summary, write_cell
+from specsweep.summary import cell_identity, level_summary, write_cell
 
 
 class CellError(RuntimeError):
@@ -194,18 +194,11 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
             records, summary = asyncio.run(
                 measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
             )
-    key = cell_key(spec["experiment"], spec["variant_name"], arm_name, spec["concurrency"])
     summary.update(
         {
-            "schema_version": SCHEMA_VERSION,
-            "cell": {
-                "experiment": spec["experiment"],
-                "variant": spec["variant_name"],
-                "arm": arm_name,
-                "concurrency": spec["concurrency"],
-                "key": key,
-                "speculative": bool(arm["speculative"]),
-            },
+            "cell": cell_identity(
+                spec["experiment"], spec["variant_name"], arm_name, spec["concurrency"], arm["speculative"]
+            ),
             "source": server.source,
             "engine": server.engine,
             "client_backend": server.client_backend,

@@ -200,5 +200,22 @@ def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) 
     }
 
 
+def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]:
+    """What the crossover and compare jobs read (a Snakemake param: only a change to it reruns them)."""
+    return {
+        "experiment": config["experiment"],
+        "concurrency": config["concurrency"],
+        "analysis": config["analysis"],
+        "slo": config["slo"],
+        "arms": config["arms"],
+        "variants": {v: config["variants"][v] for v in variants},
+    }
+
+
+def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
+    """What the MLflow jobs read besides the files they log: where to log, under which experiment."""
+    return {"experiment": config["experiment"], "results_dir": config["results_dir"], "mlflow": config["mlflow"]}
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))

@@ -19,6 +19,13 @@ BUILDERS = {"tiny-llama": "specsweep.tiny_model"}
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `specsweep`
 
 
+def builder_source(builder: str) -> Path:
+    """The builder's source file: an input of the model job, so a changed builder rebuilds the model."""
+    if builder not in BUILDERS:
+        raise ValueError(f"unknown model builder '{builder}'; known builders: {', '.join(BUILDERS)}")
+    return PACKAGE_ROOT.joinpath(*BUILDERS[builder].split(".")).with_suffix(".py")
+
+
 def build(python: str, builder: str, out: Path) -> None:
     if builder not in BUILDERS:
         raise ValueError(f"unknown model builder '{builder}'; known builders: {', '.join(BUILDERS)}")

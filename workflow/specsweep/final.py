@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specsweep.analysis.cli import format_table
+from specsweep.analysis.table import format_table
 from specsweep.io import read_json
 from specsweep.tracking import ui_command
 

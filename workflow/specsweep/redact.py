@@ -10,6 +10,25 @@ SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--token"}
 MASK = "***"
 
 
+class MissingAPIKey(ValueError):
+    """A config names an API-key variable that is not set; the message names it and the fix."""
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key held by the environment variable `name` (the one place that reads it); None without a name.
+
+    The value is only ever sent to a server (`--api-key`, `Authorization: Bearer`), never stored."""
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise MissingAPIKey(
+            f"the API key variable {name} (api_key_env / --api-key-env) is not set; export {name}=<key> before "
+            "running, or remove api_key_env from the variant"
+        )
+    return value
+
+
 def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(name))
 

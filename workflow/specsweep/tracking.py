@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specsweep.config import load_arg
 from specsweep.io import atomic_write_json, read_json
 
 TAG = "specsweep"
@@ -333,17 +334,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cx.add_argument("sweeps", nargs="+", type=Path)
 
 
-def load_config_arg(value: str) -> dict[str, Any]:
-    """--config takes JSON text (as the Snakefile passes it) or a config file path."""
-    from specsweep import config as ssconfig
-
-    if value.lstrip().startswith("{"):
-        return json.loads(value)
-    return ssconfig.load(value)
-
-
 def run(args: argparse.Namespace) -> int:
-    config = load_config_arg(args.config)
+    config = load_arg(args.config)
     tracker = Tracker(config)
     if args.what == "sweep":
         marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))

@@ -22,7 +22,7 @@ import numpy as np
 from specsweep.analysis.analyze import AnalysisSettings, _f, crossover_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell
-from specsweep.analysis.cli import load_config
+from specsweep.config import load_arg
 from specsweep.io import atomic_write_text
 
 __all__ = ["COMPARED", "add_arguments", "compare_variants", "format_compare", "main", "run"]
@@ -274,7 +274,7 @@ def _csv(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = load_arg(args.config)
     settings = AnalysisSettings.from_config(config)
     if args.replicates is not None:
         settings.replicates = args.replicates

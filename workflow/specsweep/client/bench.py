@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults, request_count
 from specsweep.engines import ENGINES, get_engine
+from specsweep.redact import MissingAPIKey, api_key_from_env
 from specsweep.summary import level_summary, write_cell
 
 
@@ -130,12 +130,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            print(f"environment variable {args.api_key_env} is not set; export it first", file=sys.stderr)
-            return 2
+    try:
+        api_key = api_key_from_env(args.api_key_env)
+    except MissingAPIKey as e:
+        print(e, file=sys.stderr)
+        return 2
     spec = RequestSpec(
         url=args.url,
         backend=args.backend,

@@ -7,7 +7,6 @@ calls live once and each engine picks the ones its server has.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ import aiohttp
 from specsweep.client.cpu import parse_cpus
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.prometheus import samples
+from specsweep.redact import api_key_from_env
 
 __all__ = [
     "CACHE_COUNTERS",
@@ -67,9 +67,8 @@ async def get_json(session: Any, url: str, headers: dict[str, str] | None = None
 
 def auth_headers(api_key_env: str | None) -> dict[str, str] | None:
     """The Authorization header for the engine's own calls, when the variant names an API key variable."""
-    if api_key_env and os.environ.get(api_key_env):
-        return {"Authorization": f"Bearer {os.environ[api_key_env]}"}
-    return None
+    key = api_key_from_env(api_key_env)
+    return {"Authorization": f"Bearer {key}"} if key else None
 
 
 async def engine_counters(
@@ -190,17 +189,10 @@ def resource_of(variant: dict[str, Any]) -> str:
 
 
 def api_key_args(variant: dict[str, Any]) -> tuple[list[str], tuple[str, ...]]:
-    """`--api-key VALUE` read from the env var named by `api_key_env` at launch time, and the secret names."""
+    """`--api-key VALUE` from the variable named by `api_key_env` at launch time, and the secret names."""
     name = variant.get("api_key_env")
-    if not name:
-        return [], ()
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(
-            f"api_key_env names {name!r} but that environment variable is not set "
-            f"(fix: export {name}=<key> before running, or remove api_key_env from the variant)"
-        )
-    return ["--api-key", value], (name,)
+    value = api_key_from_env(name)
+    return (["--api-key", value], (name,)) if value else ([], ())
 
 
 def check_speculation(engine: str, arm_name: str, arm: dict[str, Any], args: list[str], prefix: str) -> None:

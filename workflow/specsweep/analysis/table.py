@@ -1,0 +1,140 @@
+"""The crossover table as text and CSV: what `specsweep crossover` prints, what the workflow prints at its end,
+and crossover_table.csv. A library module (the CLI and `final` both use it)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from specsweep.analysis.analyze import crossover_text, levels_text
+from specsweep.analysis.policy import choose_threshold
+
+__all__ = ["format_table", "table_csv", "table_rows"]
+
+
+def _fmt(v: float | None, nd: int = 3) -> str:
+    return "-" if v is None else f"{v:.{nd}g}"
+
+
+def _crossover_line(name: str, ar: dict[str, Any]) -> str:
+    x = ar.get("crossover")
+    m = ar["metrics"][ar["primary_metric"]]
+    if x is None:
+        return f"{name}: no usable levels"
+    if not ar["crossings"]:
+        sm = ar["smallest_margin"]
+        inconclusive = (ar.get("verdict") or {}).get("kind") == "inconclusive"
+        where = f"level measured validly (C={levels_text(ar['levels'])})" if inconclusive else "level"
+        return (
+            f"{name}: no crossing: {ar['winner']} wins at every {where}; smallest margin "
+            f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at C={_fmt(sm['concurrency'])}"
+        )
+    parts = [
+        f"C={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]
+    ]
+    mono = "" if ar["monotone"] else " NON-MONOTONE"
+    return (
+        f"{name}: crossover ({m['orientation']} {ar['primary_metric']}) {crossover_text(x)}{mono}; "
+        "crossings: " + "; ".join(parts) + _interpolation_text(x)
+    )
+
+
+def _interpolation_text(x: dict[str, Any]) -> str:
+    """' (interpolants: loglinear 22, linear 24.4, ...; interval widened)' when they disagree, else ''."""
+    ip = x.get("interpolation") or {}
+    est = ip.get("estimates") or {}
+    if not ip.get("widened") and ip.get("estimate_min") == ip.get("estimate_max"):
+        return ""
+    shown = ", ".join(f"{k} {_fmt(v)}" for k, v in est.items())
+    return f" (interpolants: {shown}{'; interval widened to their envelope' if ip.get('widened') else ''})"
+
+
+def _policy_line(name: str, ar: dict[str, Any], rule: str) -> str:
+    """'policy: speculate while running requests <= N (...)', or INCONCLUSIVE with what to measure."""
+    t = choose_threshold(ar, rule)
+    if t["threshold"] is not None:
+        return f"{name}: policy: speculate while running requests <= {t['threshold']} ({t['reason']})"
+    v = ar.get("verdict") or {}
+    todo = []
+    if v.get("add_levels"):
+        todo.append(f"add levels: {levels_text(v['add_levels'])}")
+    if v.get("remeasure_levels"):
+        todo.append(f"re-measure: {levels_text(v['remeasure_levels'])}")
+    return f"{name}: policy: INCONCLUSIVE, no threshold ({t['reason']})" + ("; " + "; ".join(todo) if todo else "")
+
+
+def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (speculative arm, level), for the printed table and crossover_table.csv."""
+    rows = []
+    for name, ar in result["arms"].items():
+        invalid = {(e["arm"], e["concurrency"]): e for e in ar["invalid_cells"]}
+        for r in ar["per_level"]:
+            why = [
+                f"{a}: {','.join(invalid[(a, r['concurrency'])]['reasons']) or 'invalid'}"
+                for a in (ar["baseline_arm"], name)
+                if (a, r["concurrency"]) in invalid
+            ]
+            missing = [m["arm"] for m in ar["missing_cells"] if m["concurrency"] == r["concurrency"]]
+            valid = (
+                "yes" if not why and not missing else "no (" + "; ".join(why + [f"{a}: missing" for a in missing]) + ")"
+            )
+            rows.append(
+                {
+                    "arm": name,
+                    "concurrency": r["concurrency"],
+                    "baseline_tok_s": r.get("baseline_value"),
+                    "spec_tok_s": r.get("spec_value"),
+                    "speedup": r.get("speedup"),
+                    "speedup_lo": r.get("speedup_lo"),
+                    "speedup_hi": r.get("speedup_hi"),
+                    "used": r["used"],
+                    "valid": valid,
+                }
+            )
+    return rows
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The compact table (C | baseline tok/s | spec tok/s | speedup [95% CI] | valid) and crossover line."""
+    lines = []
+    conf = int(round(100 * result["bootstrap"]["confidence"]))
+    for name, ar in result["arms"].items():
+        lines.append(
+            f"{result.get('experiment')}/{result.get('variant')}: {name} vs {ar['baseline_arm']} "
+            f"({result.get('source')}; metric {ar['primary_metric']})"
+        )
+        lines.append(f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | valid")
+        for r in (r for r in table_rows(result) if r["arm"] == name):
+            ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
+            lines.append(
+                f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
+                f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24} | {r['valid']}"
+            )
+        lines.append(_crossover_line(name, ar))
+        if ar.get("interval_note"):
+            lines.append(f"{name}: note: {ar['interval_note']}")
+        for note in (ar.get("verdict") or {}).get("notes") or []:
+            lines.append(f"{name}: note: {note}")
+        lines.append(_policy_line(name, ar, result.get("policy_rule", "crossover_lower")))
+    return "\n".join(lines)
+
+
+def table_csv(result: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    rows = table_rows(result)
+    fields = [
+        "arm",
+        "concurrency",
+        "baseline_tok_s",
+        "spec_tok_s",
+        "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "used",
+        "valid",
+    ]
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

@@ -1,11 +1,10 @@
 """specsweep: up to what load does speculative decoding pay off, on this stack?
 
-    snakemake --cores 1 crossover          # every variant's crossover (default config: simulated engine)
-    snakemake --cores 1 crossover --configfile config/examples/kimi-k25-8gpu.yaml
-    snakemake --cores 1 crossover --forcerun results/demo/sim/eagle3/c10/summary.json   # redo one cell
+snakemake --cores 1 crossover          # every variant's crossover (default config: simulated engine)
+snakemake --cores 1 crossover --configfile config/examples/kimi-k25-8gpu.yaml
+snakemake --cores 1 crossover --forcerun results/demo/sim/eagle3/c10/summary.json   # redo one cell
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,14 +18,14 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-# Run from a checkout even where the package is not installed; scripts see the same package.
+# Run from a checkout even where the package is not installed; jobs see the same package (specsweep.jobenv).
 _PKG_ROOT = str(Path(workflow.basedir) / "workflow")
 sys.path.insert(0, _PKG_ROOT)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, os.environ.get("PYTHONPATH")) if p)
-# Servers are owned by this Snakemake process: their supervisors end them when it goes away.
-os.environ.setdefault("SPECSWEEP_OWNER_PID", str(os.getpid()))
 
 from specsweep import config as ssconfig
+from specsweep.jobenv import prepare
+
+prepare(_PKG_ROOT)
 
 _validated = ssconfig.validate(config)
 config.clear()

@@ -10,6 +10,7 @@ rule cell:
         summary=report(
             RES / "{variant}" / "{arm}" / "c{c}" / "summary.json",
             category="Cells",
+            caption="../report/cell.rst",
             subcategory="{variant}",
             labels={"variant": "{variant}", "arm": "{arm}", "concurrency": "{c}"},
         ),
@@ -20,11 +21,13 @@ rule cell:
     wildcard_constraints:
         c=r"\d+",
     priority: cell_priority
+    conda:
+        "../envs/specsweep.yaml"
     params:
         spec=cell_spec_json,
         out_dir=lambda w: RES / w.variant / w.arm / f"c{w.c}",
         state_dir=STATE_DIR,
         server_logs=LOGS / "servers",
     shell:
-        "{SPECSWEEP} cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
+        "python -m specsweep cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
         " --state-dir {params.state_dir} --server-log-dir {params.server_logs} > {log} 2>&1"

@@ -2,7 +2,6 @@
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 from specsweep.config import (
@@ -23,7 +22,6 @@ VARIANTS = list(config["variants"])
 ARMS = list(config["arms"])
 LEVELS = sorted(config["concurrency"])
 BASELINE_ARM = config["analysis"]["baseline_arm"]
-SPECSWEEP = f"{shlex.quote(sys.executable)} -m specsweep"
 TRACKING = config["mlflow"]["enabled"]
 TRACKING_JSON = dumps(tracking_spec(config))
 

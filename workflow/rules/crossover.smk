@@ -9,27 +9,39 @@ rule crossover_variant:
         env=rules.env.output[0],
     output:
         crossover=report(
-            RES / "{variant}" / "crossover.json", category="Crossover", subcategory="{variant}",
-            caption="../report/crossover.rst", labels={"variant": "{variant}", "figure": "crossover table"},
+            RES / "{variant}" / "crossover.json",
+            category="Crossover",
+            subcategory="{variant}",
+            caption="../report/crossover.rst",
+            labels={"variant": "{variant}", "figure": "crossover table"},
         ),
         policy=report(
-            RES / "{variant}" / "policy.yaml", category="Crossover", subcategory="{variant}",
-            caption="../report/policy.rst", labels={"variant": "{variant}", "figure": "policy"},
+            RES / "{variant}" / "policy.yaml",
+            category="Crossover",
+            subcategory="{variant}",
+            caption="../report/policy.rst",
+            labels={"variant": "{variant}", "figure": "policy"},
         ),
         plots=report(
-            directory(RES / "{variant}" / "plots"), patterns=["{name}.png"], category="Plots",
-            subcategory="{variant}", caption="../report/plots.rst", labels={"variant": "{variant}", "figure": "{name}"},
+            directory(RES / "{variant}" / "plots"),
+            patterns=["{name}.png"],
+            category="Plots",
+            subcategory="{variant}",
+            caption="../report/plots.rst",
+            labels={"variant": "{variant}", "figure": "{name}"},
         ),
     log:
         LOGS / "crossover" / "{variant}.log",
     benchmark:
         RES / "benchmarks" / "crossover.{variant}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         config=variant_analysis_json,
         cells_root=lambda w: RES / w.variant,
         out_dir=lambda w: RES / w.variant,
     shell:
-        "{SPECSWEEP} crossover --variant {wildcards.variant} --config {params.config:q}"
+        "python -m specsweep crossover --variant {wildcards.variant} --config {params.config:q}"
         " --cells-root {params.cells_root} --out-dir {params.out_dir} > {log} 2>&1"
 
 
@@ -39,15 +51,20 @@ rule compare:
         [RES / v / "crossover.json" for v in VARIANTS],
     output:
         report(
-            RES / "comparison" / "comparison.json", category="Comparison", caption="../report/compare.rst",
+            RES / "comparison" / "comparison.json",
+            category="Comparison",
+            caption="../report/compare.rst",
             labels={"figure": "variants compared"},
         ),
     log:
         LOGS / "comparison.log",
     benchmark:
         RES / "benchmarks" / "compare.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         config=dumps(analysis_spec(config, VARIANTS)),
+        experiment_dir=RES,
         out_dir=RES / "comparison",
     shell:
-        "{SPECSWEEP} compare --config {params.config:q} --experiment-dir {RES} --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m specsweep compare --config {params.config:q} --experiment-dir {params.experiment_dir} --out-dir {params.out_dir} > {log} 2>&1"

@@ -7,18 +7,22 @@ rule env:
         recipe=recipe_input,
     output:
         report(
-            RES / "envs" / "{variant}.json", category="Stacks", caption="../report/fingerprints.rst",
+            RES / "envs" / "{variant}.json",
+            category="Stacks",
+            caption="../report/fingerprints.rst",
             labels={"variant": "{variant}", "file": "fingerprint"},
         ),
     log:
         LOGS / "env" / "{variant}.log",
     benchmark:
         RES / "benchmarks" / "env.{variant}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         args=fingerprint_args,
         envs_root=Path(config["envs_dir"] or Path(config["results_dir"]) / "_envs"),
     shell:
-        "{SPECSWEEP} fingerprint {params.args} --envs-root {params.envs_root} --out {output} > {log} 2>&1"
+        "python -m specsweep fingerprint {params.args} --envs-root {params.envs_root} --out {output} > {log} 2>&1"
 
 
 rule model:
@@ -32,8 +36,10 @@ rule model:
         LOGS / "model" / "{variant}.log",
     benchmark:
         RES / "benchmarks" / "model.{variant}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         builder=lambda w: config["variants"][known("variant", w.variant, VARIANTS)]["model_builder"],
         out_dir=lambda w: RES / "models" / w.variant,
     shell:
-        "{SPECSWEEP} build-model --env {input.env} --builder {params.builder} --out {params.out_dir} > {log} 2>&1"
+        "python -m specsweep build-model --env {input.env} --builder {params.builder} --out {params.out_dir} > {log} 2>&1"

@@ -11,10 +11,12 @@ rule track_sweep:
         LOGS / "tracking" / "{variant}.{arm}.log",
     benchmark:
         RES / "benchmarks" / "track_sweep.{variant}.{arm}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         config=TRACKING_JSON,
     shell:
-        "{SPECSWEEP} track sweep --config {params.config:q} --variant {wildcards.variant} --arm {wildcards.arm}"
+        "python -m specsweep track sweep --config {params.config:q} --variant {wildcards.variant} --arm {wildcards.arm}"
         " --out {output} {input.summaries} > {log} 2>&1"
 
 
@@ -29,8 +31,10 @@ rule track_crossover:
         LOGS / "tracking" / "{variant}.crossover.log",
     benchmark:
         RES / "benchmarks" / "track_crossover.{variant}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
     params:
         config=TRACKING_JSON,
     shell:
-        "{SPECSWEEP} track crossover --config {params.config:q} --variant {wildcards.variant}"
+        "python -m specsweep track crossover --config {params.config:q} --variant {wildcards.variant}"
         " --crossover {input.crossover} --out {output} {input.sweeps} > {log} 2>&1"

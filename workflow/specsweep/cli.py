@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),
     "compare": ("specsweep.analysis.compare", "compare variants arm by arm"),
     "track": ("specsweep.tracking", "log cells and crossovers to MLflow"),
+    "config-doc": ("specsweep.configdoc", "print (or --write) config/README.md from the config schema"),
 }
 
 

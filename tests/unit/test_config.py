@@ -1,0 +1,79 @@
+"""The config schema is the one home of keys and defaults: validation errors name the key and the fix, the
+generated config/README.md matches it, and the conda environment of the rules lists the package's needs."""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+
+import pytest
+import yaml
+
+from specsweep import config as ssconfig
+from specsweep.configdoc import README_PATH, render
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+GOOD = {
+    "experiment": "t",
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {"sim": {"engine": "sim"}},
+}
+
+
+def bad(**change: object) -> str:
+    cfg = copy.deepcopy(GOOD)
+    cfg.update(change)
+    with pytest.raises(ssconfig.ConfigError) as e:
+        ssconfig.validate(cfg)
+    return str(e.value)
+
+
+def test_defaults_come_from_the_schema() -> None:
+    cfg = ssconfig.validate(GOOD)
+    assert cfg["gates"] == ssconfig.defaults("gates")
+    assert cfg["workload"]["requests"] == ssconfig.defaults("workload", "requests")
+    assert cfg["client"]["cpus"] == "auto" and cfg["variants"]["sim"]["cpus"] == "auto"
+
+
+def test_unknown_key_names_it_and_the_allowed_ones() -> None:
+    msg = bad(gates={"max_loop_lag_p99_ms": 5})  # the old gate's name
+    assert "config error at 'gates'" in msg and "max_loop_lag_p99_ms" in msg
+    assert "allowed keys here:" in msg and "max_loop_lag_excess_ms" in msg
+
+
+def test_missing_baseline_arm_and_no_speculative_arm() -> None:
+    assert "arm 'baseline' is not defined; known arms: a, b" in bad(
+        arms={"a": {"speculative": False}, "b": {"speculative": True}}
+    )
+    assert "define at least one arm with speculative: true" in bad(
+        arms={"baseline": {"speculative": False}, "b": {"speculative": False}}
+    )
+
+
+def test_bad_enum_lists_the_allowed_values() -> None:
+    msg = bad(variants={"x": {"engine": "trt"}})
+    assert "config error at 'variants/x/engine'" in msg and "allowed values: sim, sglang, vllm" in msg
+
+
+def test_output_length_is_fixed_or_a_uniform_range() -> None:
+    assert ssconfig.validate({**GOOD, "workload": {"output_tokens": {"uniform": [16, 64]}}})
+    assert "workload/output_tokens" in bad(workload={"output_tokens": {"normal": [16, 4]}})
+
+
+def test_config_readme_is_generated_from_the_schema() -> None:
+    assert README_PATH.read_text() == render(), "config/README.md is stale: run `specsweep config-doc --write`"
+    assert "| `gates.max_client_wait_share` |" in render()
+
+
+def test_rules_conda_environment_lists_the_packages_dependencies() -> None:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((REPO / "workflow" / "envs" / "specsweep.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~ ]", r, maxsplit=1)[0].lower() for r in reqs}
+
+    assert names(pip) == names(deps)

@@ -301,22 +301,17 @@ def _metrics_block(
     e2e: np.ndarray,
     tpot: np.ndarray,
     rate: np.ndarray,
-    layout: str,
 ) -> dict[str, Any]:
-    """Summary metrics in summary.json's layout: `metrics` (*_ms, output_tok_s_steady) or `seconds` (*_s)."""
+    """The compared metrics in summary.json's layout (*_ms, output_tok_s_steady), for the in-memory cells."""
     r_mean = float(np.nanmean(rate)) if np.isfinite(rate).any() else None
     lat = {
         "ttft": {"p50": _stat(ttft, 50)},
         "tpot": {"p50": _stat(tpot, 50), "p99": _stat(tpot, 99)},
         "e2e": {"p50": _stat(e2e, 50)},
     }
-    if layout == "seconds":
-        out: dict[str, Any] = {"aggregate_tok_s": tok_s, "per_request_tok_s": {"mean": r_mean}}
-        out.update({f"{k}_s": v for k, v in lat.items()})
-    else:
-        out = {"output_tok_s_steady": tok_s, "request_tok_s": {"mean": r_mean}}
-        for k, v in lat.items():
-            out[f"{k}_ms"] = {q: (None if x is None else 1e3 * x) for q, x in v.items()}
+    out: dict[str, Any] = {"output_tok_s_steady": tok_s, "request_tok_s": {"mean": r_mean}}
+    for k, v in lat.items():
+        out[f"{k}_ms"] = {q: (None if x is None else 1e3 * x) for q, x in v.items()}
     out["steady_window"] = {"start_s": window[0], "end_s": window[1]}
     return out
 
@@ -336,7 +331,6 @@ def _summary_from_arrays(
     ok: np.ndarray,
     pr: pd.DataFrame,
     concurrency: int,
-    layout: str,
 ) -> dict[str, Any]:
     """metrics + repeats[i].metrics as `specsweep.metrics.summarize` lays them out (the values it would give
     for the compared metrics): steady-window throughput per repeat and pooled as their mean, latencies over
@@ -350,12 +344,9 @@ def _summary_from_arrays(
         steady = stop - start
         tok_s = _tokens_in(token_s[m], start, stop) / steady if steady > 0 else None
         g = good & m
-        block = _metrics_block(
-            tok_s, (start, stop), cols["ttft"][g], cols["e2e"][g], cols["tpot"][g], cols["tok_s"][g], layout
-        )
+        block = _metrics_block(tok_s, (start, stop), cols["ttft"][g], cols["e2e"][g], cols["tpot"][g], cols["tok_s"][g])
         reps.append({"repeat": r, "metrics": block})
-    key = "aggregate_tok_s" if layout == "seconds" else "output_tok_s_steady"
-    vals = [x["metrics"][key] for x in reps if x["metrics"][key] is not None]
+    vals = [x["metrics"]["output_tok_s_steady"] for x in reps if x["metrics"]["output_tok_s_steady"] is not None]
     pooled = _metrics_block(
         float(np.mean(vals)) if vals else None,
         (math.nan, math.nan),
@@ -363,14 +354,10 @@ def _summary_from_arrays(
         cols["e2e"][good],
         cols["tpot"][good],
         cols["tok_s"][good],
-        layout,
     )
     pooled["steady_window"] = None
     pooled["n_repeats"] = len(reps)
-    if layout == "seconds":
-        pooled["aggregate_tok_s_total"] = pooled["aggregate_tok_s"]
-    else:
-        pooled["output_tok_s_total"] = pooled["output_tok_s_steady"]
+    pooled["output_tok_s_total"] = pooled["output_tok_s_steady"]
     return {"metrics": pooled, "repeats": reps}
 
 
@@ -424,7 +411,7 @@ def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
         blocks=layout,
     )
     ok = np.ones(len(run), dtype=bool)
-    summary = _summary_from_arrays(run.repeat, send, end, run.token_s, meas, ok, pr, run.concurrency, "metrics")
+    summary = _summary_from_arrays(run.repeat, send, end, run.token_s, meas, ok, pr, run.concurrency)
     summary.update(cell={"key": key, "arm": arm, "concurrency": run.concurrency}, validity={"valid": True})
     return Cell(arm, float(run.concurrency), Path("."), summary, req)
 

@@ -34,11 +34,23 @@ def write_config(workdir: Path, **overrides: object) -> None:
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
+def _default_sigint() -> None:
+    """Ctrl-C's default meaning in the child: a runner that starts the suite in the background (a shell's `&`
+    without job control) passes SIGINT down ignored, and Snakemake would then never hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(workdir: Path, *args: str) -> subprocess.Popen[str]:
     """Snakemake in its own session, so a signal to its group is what Ctrl-C in a terminal would send."""
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
     return subprocess.Popen(
-        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
     )
 
 

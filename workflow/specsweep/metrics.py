@@ -413,12 +413,11 @@ def validity(
             f"> {gates['max_foreign_cpu_share']:.0%} (the engine and client shared them with other work)"
         )
     kernel = (c["stamps"] or {}).get("kernel_share")
+    kernel_stamped = kernel is not None and kernel >= KERNEL_STAMPED  # a late loop then delays parsing, not stamps
     excess = c["loop_lag_excess_p99_ms"]
     if excess is None:
         flags.append("no loop-lag samples: client keep-up not checked")
-    elif kernel is not None and kernel >= KERNEL_STAMPED:
-        pass  # chunk times come from the kernel: a late loop delays parsing, not stamps
-    elif excess > gates["max_loop_lag_excess_ms"]:
+    elif not kernel_stamped and excess > gates["max_loop_lag_excess_ms"]:
         reasons.append(
             f"client event-loop lag p99 {c['loop_lag_ms']['p99']:.2f} ms is {excess:.2f} ms above the host's idle "
             f"{c['idle_lag_ms']['p99'] or 0:.2f} ms (> {gates['max_loop_lag_excess_ms']:g} ms) and chunks are "

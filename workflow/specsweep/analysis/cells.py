@@ -234,11 +234,16 @@ def autocorrelation_time(x: np.ndarray) -> float:
     return max(1.0, tau)
 
 
+def _tokens_per_block(times: np.ndarray, tokens: np.ndarray, start: float, end: float, k: int) -> np.ndarray:
+    """Tokens delivered in each of k equal blocks of [start, end] (chunks outside count nowhere)."""
+    idx = _bins(times, start, end, k)
+    keep = idx >= 0
+    return np.bincount(idx[keep], weights=tokens[keep], minlength=k).astype(float)
+
+
 def _throughput_blocks(times: np.ndarray, tokens: np.ndarray, start: float, end: float) -> tuple[int, float]:
     """(blocks, tau in seconds) for one repeat's window: TP_BLOCK_TAUS taus a block, MIN_BLOCKS..N_TP_BLOCKS."""
-    idx = _bins(times, start, end, FINE_BINS)
-    keep = idx >= 0
-    tau = autocorrelation_time(np.bincount(idx[keep], weights=tokens[keep], minlength=FINE_BINS))
+    tau = autocorrelation_time(_tokens_per_block(times, tokens, start, end, FINE_BINS))
     k = int(FINE_BINS / (TP_BLOCK_TAUS * tau))
     return max(MIN_BLOCKS, min(N_TP_BLOCKS, k)), tau * (end - start) / FINE_BINS
 
@@ -287,9 +292,7 @@ def block_layout(
         cm = chunk_rep == r
         if np.count_nonzero(cm) >= FINE_BINS // 4:  # enough chunks for a token series
             kt, taus[r] = _throughput_blocks(chunk_s[cm], chunk_tokens[cm], start, end)
-            tidx = _bins(chunk_s[cm], start, end, kt)
-            keep_t = tidx >= 0
-            t_tok.append(np.bincount(tidx[keep_t], weights=chunk_tokens[cm][keep_t], minlength=kt).astype(float))
+            t_tok.append(_tokens_per_block(chunk_s[cm], chunk_tokens[cm], start, end, kt))
             t_rep.append(np.full(kt, r, dtype=np.int64))
             t_len.append(np.full(kt, (end - start) / kt))
             used[r] = (float(start), float(end))
@@ -305,9 +308,7 @@ def block_layout(
             continue
         idx = _bins(end_meas[rows], start, end, k)
         block[rows] = np.where(idx >= 0, idx + next_id, -1)
-        cidx = _bins(chunk_s[cm], start, end, k)
-        keep = cidx >= 0
-        b_tok.append(np.bincount(cidx[keep], weights=chunk_tokens[cm][keep], minlength=k).astype(float))
+        b_tok.append(_tokens_per_block(chunk_s[cm], chunk_tokens[cm], start, end, k))
         b_rep.append(np.full(k, r, dtype=np.int64))
         b_len.append(np.full(k, (end - start) / k))
         used[r] = (float(start), float(end))

@@ -88,9 +88,9 @@ def test_run_queue_wait_and_foreign_cpu_are_measured(hog_on_my_core: tuple[int, 
     try:
         time.sleep(0.2)
         u0, as_server0, as_other0 = usage_now(), host_snapshot((cpu,), hog), host_snapshot((cpu,), idle.pid)
-        t = time.monotonic()
+        t, spins = time.monotonic(), 0
         while time.monotonic() - t < 0.6:  # compete with the hog for the one CPU
-            pass
+            spins += 1
         u = usage_now().since(u0)
         as_server = host_snapshot((cpu,), hog).since(as_server0)
         as_other = host_snapshot((cpu,), idle.pid).since(as_other0)

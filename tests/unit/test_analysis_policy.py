@@ -15,6 +15,7 @@ from specsweep.analysis.policy import (
     policy_document,
     speculative_tokens,
 )
+from tests.support.crossovers import crossover_block
 
 pytestmark = pytest.mark.unit
 
@@ -29,14 +30,7 @@ def _arm(lo: list[float | None], crossover: dict[str, Any] | None, crossings: li
 
 
 def _x(est: float | None, lo: float | None, hi: float | None, states: tuple[str, str, str]) -> dict[str, Any]:
-    return {
-        "estimate": est,
-        "lo": lo,
-        "hi": hi,
-        "min_level": 1.0,
-        "max_level": 30.0,
-        "states": dict(zip(("estimate", "lo", "hi"), states, strict=True)),
-    }
+    return crossover_block(est, lo, hi, states, max_level=30.0)
 
 
 def test_threshold_from_crossover_lower_end() -> None:

@@ -18,6 +18,7 @@ from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, decide_ver
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.synthetic import correlated_cell, simulate_correlated, write_synthetic_variant
+from tests.support.crossovers import crossover_block
 
 pytestmark = pytest.mark.unit
 
@@ -142,14 +143,7 @@ def test_loses_at_the_lowest_level_needs_that_level() -> None:
 
 
 def _x(est: float | None, lo: float | None, hi: float | None, states: tuple[str, str, str]) -> dict[str, Any]:
-    return {
-        "estimate": est,
-        "lo": lo,
-        "hi": hi,
-        "min_level": 1.0,
-        "max_level": 100.0,
-        "states": dict(zip(("estimate", "lo", "hi"), states, strict=True)),
-    }
+    return crossover_block(est, lo, hi, states, max_level=100.0)
 
 
 def test_decide_verdict_rules() -> None:

@@ -98,24 +98,24 @@ async def _post_until(
     headers: dict[str, str] | None,
     timeout_s: float,
     retry_s: float,
-) -> tuple[str, int | None]:
-    """POST until `ok(status, body)` says done; ('ok'|'unsupported'|'timeout'|'error: ...', last status)."""
+) -> str:
+    """POST until `ok(status, body)` says done: 'ok', 'unsupported' (404/405), 'timeout' or 'error: ...'."""
     deadline = time.monotonic() + timeout_s
-    last, status = "", None
+    last = ""
     while True:
         try:
             async with session.post(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
                 status = r.status
                 body = await r.text()
             if status in (404, 405):
-                return "unsupported", status
+                return "unsupported"
             if ok(status, body):
-                return "ok", status
+                return "ok"
             last = f"HTTP {status}: {body[:120]}"
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             last = f"error: {type(e).__name__}: {e}"
         if time.monotonic() + retry_s > deadline:
-            return ("timeout" if last.startswith("HTTP") else last), status
+            return "timeout" if last.startswith("HTTP") else last
         await asyncio.sleep(retry_s)
 
 
@@ -127,7 +127,7 @@ async def post_flush_cache(
     retry_s: float = 0.2,
 ) -> str:
     """SGLang's `POST /flush_cache` (400 while requests run, so retried): 'flushed', 'unsupported', ..."""
-    res, _ = await _post_until(
+    res = await _post_until(
         session, base_url.rstrip("/") + "/flush_cache", lambda s, b: s == 200, headers, timeout_s, retry_s
     )
     return "flushed" if res == "ok" else res
@@ -146,7 +146,7 @@ async def post_reset_prefix_cache(
     def done(status: int, body: str) -> bool:
         return status == 200 and '"success":false' not in body.replace(" ", "").lower()
 
-    res, _ = await _post_until(session, base_url.rstrip("/") + "/reset_prefix_cache", done, headers, timeout_s, retry_s)
+    res = await _post_until(session, base_url.rstrip("/") + "/reset_prefix_cache", done, headers, timeout_s, retry_s)
     return "reset" if res == "ok" else res
 
 

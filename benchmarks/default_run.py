@@ -11,7 +11,6 @@ environment fingerprint, analysis, MLflow tracking and Snakemake itself. Figures
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,10 @@ import pandas as pd
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+
+from specsweep.config import defaults  # noqa: E402  (run from a checkout, package not installed)
+from specsweep.summary import read_judged  # noqa: E402
 
 
 def main() -> int:
@@ -53,7 +56,7 @@ def main() -> int:
         return 1
     res = work / "results" / exp
     bench = {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in (res / "benchmarks").glob("*.tsv")}
-    summaries = [json.loads(p.read_text()) for p in res.glob("*/*/c*/summary.json")]
+    summaries = [read_judged(p.parent, defaults("gates"))[0] for p in res.glob("*/*/c*/summary.json")]
     measuring = sum(s["measured_s"] for s in summaries)
     cells = sum(v for k, v in bench.items() if k.startswith("cell."))
     startup = sum(s["server"]["ready_after_s"] for s in summaries)

@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
 from specsweep.analysis.table import format_table  # noqa: E402  (run from a checkout, package not installed)
+from specsweep.config import defaults  # noqa: E402
+from specsweep.summary import read_judged  # noqa: E402
 
 
 def run_once(config: Path, envs_dir: Path, keep: bool) -> tuple[Path, float]:
@@ -58,7 +60,7 @@ def cell_lines(res: Path) -> list[str]:
     """Per cell: validity, prefix-cache hit rate, the client's worst CPU shares and the other processes'."""
     out = []
     for p in sorted(res.glob("*/*/c*/summary.json"), key=lambda p: (p.parts[-3], int(p.parent.name[1:]))):
-        s = json.loads(p.read_text())
+        s = read_judged(p.parent, defaults("gates"))[0]  # the examples keep the default gates
         m = s["metrics"]
         c, cache = m.get("client") or {}, m.get("prefix_cache") or {}
         hit = cache.get("hit_rate")
@@ -98,7 +100,7 @@ def describe(res: Path) -> list[dict[str, Any]]:
                 }
             )
     summaries = list(res.glob("*/*/c*/summary.json"))
-    valid = sum(json.loads(p.read_text())["validity"]["valid"] for p in summaries)
+    valid = sum(read_judged(p.parent, defaults("gates"))[0]["validity"]["valid"] for p in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
     print("\n".join(cell_lines(res)))
     for r in rows:

@@ -47,8 +47,12 @@ class CellRunner:
         from specsweep.cell import run_cell
 
         cfg = {**cfg, "results_dir": str(self.root / "results")}
+        from specsweep.summary import judged
+
         spec = ssconfig.cell_spec(cfg, "sim", arm, concurrency)
-        return run_cell(spec, self.env_json, self.out_dir(name), self.state_dir, self.log_dir)
+        timeout = ssconfig.startup_timeout_s(cfg, "sim")  # a resource of the cell rule, not part of the spec
+        records, summary = run_cell(spec, self.env_json, self.out_dir(name), self.state_dir, self.log_dir, timeout)
+        return judged(summary, records, cfg["gates"], cfg["slo"])  # as the analysis judges it
 
     def all_text(self) -> str:
         """Everything this runner wrote, as text (binary files decoded leniently)."""

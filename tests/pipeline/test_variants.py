@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specsweep.config import defaults
+from specsweep.summary import read_judged
 from tests.conftest import sim_server_processes
 from tests.pipeline.conftest import snakemake
 
@@ -42,7 +44,7 @@ def test_two_variants_compared(tmp_path: Path) -> None:
     }
     at4 = {r["arm"]: float(r["tok_s_ratio"]) for r in rows if float(r["concurrency"]) == 4.0}
     assert all(ratio < 0.9 for ratio in at4.values()), at4  # the capped stack is slower at C=4
-    summary = json.loads((res / "stack-b" / "baseline" / "c4" / "summary.json").read_text())
+    summary = read_judged(res / "stack-b" / "baseline" / "c4", defaults("gates"))[0]
     assert any("running-request cap 2" in f for f in summary["validity"]["flags"])
     assert (res / "comparison" / "comparison_throughput.png").stat().st_size > 0
     assert "variants compared arm by arm" in proc.stdout + proc.stderr

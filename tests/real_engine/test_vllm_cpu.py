@@ -28,6 +28,8 @@ import pytest
 import yaml
 
 from specsweep import envbuild
+from specsweep.config import defaults
+from specsweep.summary import read_judged
 from tests.conftest import PYTHON, REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.real_engine
@@ -151,7 +153,8 @@ def cell_dir(run_dir: Path, arm: str, c: int) -> Path:
 
 
 def summary(run_dir: Path, arm: str, c: int) -> dict:
-    return json.loads((cell_dir(run_dir, arm, c) / "summary.json").read_text())
+    """The cell judged by the default gates, as the example's analysis judges it (it sets none of its own)."""
+    return read_judged(cell_dir(run_dir, arm, c), defaults("gates"))[0]
 
 
 def test_every_request_ok_with_requested_length(run_dir: Path) -> None:
@@ -297,7 +300,7 @@ def test_client_on_the_engines_core_is_thrown_out(tmp_path_factory: pytest.TempP
         cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", target, "--configfile", "config.yaml"]
         rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
         assert rc == 0, out[-5000:]
-        s = json.loads((workdir / target).read_text())
+        s = read_judged((workdir / target).parent, defaults("gates"))[0]
         assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
         assert not s["validity"]["valid"]
         assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]

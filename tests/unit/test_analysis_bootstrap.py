@@ -296,26 +296,25 @@ def test_latency_orientation(tmp_path: Path) -> None:
         assert m["tpot_p50_s"]["baseline"][0] < 1.0  # seconds, whatever the summary's unit
 
 
-def test_missing_parquet_gives_points_without_interval(tmp_path: Path) -> None:
+def test_missing_parquet_makes_the_cell_unjudgeable(tmp_path: Path) -> None:
+    """Validity is judged from the records: a cell without them is invalid (point values kept, flagged)."""
     write_synthetic_variant(tmp_path, [1, 2], lambda c: 1.5, seed=7)
     (tmp_path / "eagle3" / "c2" / "requests.parquet").unlink()
     ar = analyze_variant(_load(tmp_path), "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
-    agg = ar["metrics"]["aggregate_tok_s"]
-    assert agg["interval_available"] == [True, False]
-    assert agg["speedup_lo"][1] is None and agg["speedup"][1] is not None
+    assert ar["levels"] == [1]
+    row = next(r for r in ar["per_level"] if r["concurrency"] == 2)
+    assert row["spec_valid"] is False and row["speedup"] is not None and row["speedup_lo"] is None
     assert any("requests.parquet missing" in n for n in ar["notes"])
-    # a level without an interval cannot support a verdict
     assert ar["verdict"]["kind"] == "inconclusive" and ar["verdict"]["remeasure_levels"] == [2]
-    assert "without an interval" in ar["verdict"]["reason"]
 
 
 def test_summary_from_metrics_module(tmp_path: Path) -> None:
     """The analysis reads what specsweep.metrics writes (names and units), point values included."""
-    metrics = pytest.importorskip("specsweep.metrics")
+    summary = pytest.importorskip("specsweep.summary")
     rng = np.random.default_rng(8)
     for arm, mean in (("baseline", 1.0), ("eagle3", 0.8)):
         df = correlated_requests(4, 40, 32, mean, rng, repeats=2)
-        s = metrics.jsonable(metrics.summarize(df, 4, GATES))
+        s = summary.jsonable(summary.summary_body(df, 4))
         s.update(cell={"arm": arm, "concurrency": 4, "key": f"v/{arm}/c4"}, source="simulated", engine="sim")
         d = tmp_path / arm / "c4"
         d.mkdir(parents=True)

@@ -20,8 +20,9 @@ from specsweep.client.prompts import (
     make_prompts_auto,
     prompt_set_hash,
 )
+from specsweep.config import defaults
 from specsweep.engines.common import post_flush_cache, post_reset_prefix_cache
-from specsweep.summary import write_cell
+from specsweep.summary import read_judged, write_cell
 from tests.support.fakeserver import FlushState, fake_server
 
 pytestmark = pytest.mark.unit
@@ -227,6 +228,8 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
         assert int(df["ramp"].sum()) == c
         assert isinstance(df["chunk_tokens"][0].tolist(), list)
         s = json.loads((out / f"c{c}" / "summary.json").read_text())
+        assert "validity" not in s and s["metrics"]["goodput_rps"] is None  # judgements, made when read
+        s = read_judged(out / f"c{c}", defaults("gates"), {"ttft_ms": 1000})[0]
         assert s["concurrency"] == c
         assert s["workload"]["prompt_tokenizer"] == "server" and len(s["workload"]["prompt_set_sha256"]) == 64
         assert s["metrics"]["ttft_ms"]["n"] == n  # measured requests only

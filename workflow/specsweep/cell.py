@@ -20,12 +20,12 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.loadgen import measure_level, new_session, warmup_count
 from specsweep.client.prompts import LevelPrompts, level_prompts
-from specsweep.config import variant_for_server
+from specsweep.config import defaults, variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
 from specsweep.redact import MissingAPIKey, api_key_from_env
-from specsweep.summary import cell_identity, level_summary, write_cell
+from specsweep.summary import cell_identity, judged, level_summary, write_cell
 
 
 class CellError(RuntimeError):
@@ -126,14 +126,11 @@ async def measure(
         )
     level_s = time.monotonic() - started
     max_running = info.get("max_running_requests") if isinstance(info, dict) else None
-    slos = {k: v for k, v in spec["slo"].items() if v is not None}
     summary = level_summary(
         level,
         prompts,
         req,
         workload["output_tokens"],
-        spec["gates"],
-        slos,
         int(max_running) if isinstance(max_running, int | float) else None,
         cpus=plan,
     )
@@ -149,14 +146,25 @@ async def measure(
     summary["measured_s"] = sum(float(r.client.get("wall_s") or 0.0) for r in level.repeats)  # closed loops
     summary["cpus"] = plan.as_dict()
     if plan.note:
-        summary["validity"]["flags"].append(plan.note)
+        summary["measurement"]["flags"].append(plan.note)
     summary["server_info"] = info
     return level.records, summary
 
 
-def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Path, server_log_dir: Path) -> dict:
+def run_cell(
+    spec: dict[str, Any],
+    env_json: Path,
+    out_dir: Path,
+    state_dir: Path,
+    server_log_dir: Path,
+    startup_timeout_s: float | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Measure the cell and write it; returns (records, summary). `startup_timeout_s` overrides the variant's
+    (a Snakemake resource, not part of the cell's spec: waiting longer for a server changes no measurement)."""
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
+    if startup_timeout_s is not None:
+        variant["startup_timeout_s"] = float(startup_timeout_s)
     try:
         plan = plan_cpus(spec["client"]["cpus"], variant.get("cpus", "auto"))
     except ValueError as e:
@@ -200,7 +208,7 @@ def run_cell(spec: dict[str, Any], env_json: Path, out_dir: Path, state_dir: Pat
         }
     )
     write_cell(out_dir, records, summary)
-    return summary
+    return records, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -209,24 +217,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
     parser.add_argument("--server-log-dir", required=True, type=Path)
+    parser.add_argument(
+        "--startup-timeout-s", type=float, help="seconds to wait for the server (default: the variant's)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     text = args.spec if args.spec.lstrip().startswith("{") else Path(args.spec).read_text()
     spec = json.loads(text)
     try:
-        summary = run_cell(spec, args.env, args.out_dir, args.state_dir, args.server_log_dir)
+        records, summary = run_cell(
+            spec, args.env, args.out_dir, args.state_dir, args.server_log_dir, args.startup_timeout_s
+        )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"cell failed: {e}", file=sys.stderr)
         return 1
-    m, v = summary["metrics"], summary["validity"]
+    m, v = summary["metrics"], judged(summary, records, defaults("gates"))["validity"]
     print(
         json.dumps(
             {
                 "cell": summary["cell"]["key"],
                 "source": summary["source"],
                 "output_tok_s_steady": m.get("output_tok_s_steady"),
-                "valid": v["valid"],
+                "valid_under_default_gates": v["valid"],  # the analysis judges by the experiment's gates
                 "reasons": v["reasons"],
                 "flags": v["flags"],
             },

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,14 +190,17 @@ def variant_for_server(spec_or_config: dict[str, Any], variant_name: str, absolu
 
 
 def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
-    """The variant without other arms' extra arguments, so changing one arm never reruns another's cells."""
-    out = dict(variant)
+    """The variant without other arms' extra arguments, so changing one arm never reruns another's cells, and
+    without its start-up timeout (how long to wait for a server changes no measurement)."""
+    out = {k: v for k, v in variant.items() if k != "startup_timeout_s"}
     out["arm_server_args"] = {k: v for k, v in variant.get("arm_server_args", {}).items() if k == arm}
     return out
 
 
 def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) -> dict[str, Any]:
-    """Everything one cell's measurement depends on (a Snakemake param: changing it reruns the cell)."""
+    """Everything one cell's measurement depends on, and nothing else (a Snakemake param: changing it reruns
+    the cell). Gates, SLOs and analysis settings judge stored records (`analysis_spec`, `tracking_spec`);
+    the server start-up timeout is a resource of the rule (`startup_timeout_s`)."""
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
@@ -209,8 +213,6 @@ def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) 
         "repeats": config["repeats"],
         "workload": config["workload"],
         "client": config["client"],
-        "gates": config["gates"],
-        "slo": config["slo"],
     }
 
 
@@ -220,6 +222,7 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
         "experiment": config["experiment"],
         "concurrency": config["concurrency"],
         "analysis": config["analysis"],
+        "gates": config["gates"],
         "slo": config["slo"],
         "arms": config["arms"],
         "variants": {v: config["variants"][v] for v in variants},
@@ -227,8 +230,20 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
 
 
 def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
-    """What the MLflow jobs read besides the files they log: where to log, under which experiment."""
-    return {"experiment": config["experiment"], "results_dir": config["results_dir"], "mlflow": config["mlflow"]}
+    """What the MLflow jobs read besides the files they log: where to log, under which experiment, and the
+    gates and SLOs the logged cells are judged by."""
+    return {
+        "experiment": config["experiment"],
+        "results_dir": config["results_dir"],
+        "mlflow": config["mlflow"],
+        "gates": config["gates"],
+        "slo": config["slo"],
+    }
+
+
+def startup_timeout_s(config: dict[str, Any], variant: str) -> int:
+    """The variant's server start-up timeout (a resource of the cell rule, so changing it reruns nothing)."""
+    return math.ceil(config["variants"][variant]["startup_timeout_s"])
 
 
 def dumps(obj: Any) -> str:

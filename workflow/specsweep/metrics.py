@@ -301,6 +301,24 @@ def client_figures(
     }
 
 
+def _span(df: pd.DataFrame) -> float:
+    """First send to last end of the records (NaN when there are none)."""
+    if not len(df):
+        return math.nan
+    return float(np.nanmax(df["end_s"].to_numpy(dtype=float)) - np.nanmin(df["send_s"].to_numpy(dtype=float)))
+
+
+def goodput_rps(df: pd.DataFrame, slos: Mapping[str, float] | None) -> float | None:
+    """Measured requests per second that met every SLO, over the records' span; None without SLOs."""
+    if not slos:
+        return None
+    duration = _span(df)
+    if not duration > 0:
+        return None
+    meas = df["ok"].to_numpy(dtype=bool) & (df["output_tokens"].to_numpy() > 0) & measured(df)
+    return float(_meets_slos(per_request(df)[meas], slos).sum() / duration)
+
+
 def repeat_metrics(
     df: pd.DataFrame,
     concurrency: int,
@@ -321,16 +339,12 @@ def repeat_metrics(
     itl_tok, itl_chunk = itl(df[meas])
     sends = df["send_s"].to_numpy(dtype=float)
     ends = df["end_s"].to_numpy(dtype=float)
-    first_send = float(np.nanmin(sends)) if len(df) else math.nan
-    last_end = float(np.nanmax(ends)) if len(df) else math.nan
-    duration = last_end - first_send
+    duration = _span(df)
     start, end = steady_window(sends, ends, concurrency)
     steady = end - start
     total_tokens = int(df["output_tokens"].sum())
     n_ok = int(df["ok"].sum())
-    goodput = None
-    if slos:
-        goodput = float(_meets_slos(prg, slos).sum() / duration) if duration > 0 else None
+    goodput = goodput_rps(df, slos)
     deltas = counter_deltas(*counters) if counters is not None else None
 
     def rate(x: float, t: float) -> float | None:
@@ -458,6 +472,104 @@ def validity(
     return {"valid": not reasons, "reasons": reasons, "flags": flags}
 
 
+def measure_summary(
+    records: pd.DataFrame,
+    concurrency: int,
+    repeats: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What was measured, judged by nothing: {metrics (pooled over repeats), repeats[{repeat, metrics}]}.
+
+    `repeats[i]` holds what was measured beside repeat i's records: `lag`, `idle_lag` (seconds), `client`
+    (CPU shares, stamps), `counters` ((before, after) engine counters or None). Pooled: latency/ITL/token
+    distributions over all requests of all repeats; per-repeat scalars as the mean over repeats, with their
+    spread in `repeat_spread`; counter deltas summed. Gates and SLOs are applied by `judge`, so that changing
+    them never needs a new measurement.
+    """
+    if "repeat" not in records:
+        records = records.assign(repeat=0)
+    reps = sorted(int(r) for r in records["repeat"].unique())
+    meta = {i: dict(repeats[i]) for i in range(len(repeats))} if repeats else {}
+    per_rep: list[dict[str, Any]] = []
+    for r in reps:
+        sub = records[records["repeat"] == r]
+        x = meta.get(r, {})
+        m = repeat_metrics(sub, concurrency, None, x.get("lag"), x.get("idle_lag"), x.get("client"), x.get("counters"))
+        per_rep.append({"repeat": r, "metrics": m})
+    all_lag = [x for r in reps for x in meta.get(r, {}).get("lag") or []]
+    all_idle = [x for r in reps for x in meta.get(r, {}).get("idle_lag") or []]
+    pooled = repeat_metrics(records, concurrency, None, all_lag, all_idle) if len(records) else {}
+    if pooled:
+        _pool_repeats(pooled, per_rep)
+    return {"metrics": pooled, "repeats": per_rep}
+
+
+def _pool_repeats(pooled: dict[str, Any], per_rep: list[dict[str, Any]]) -> None:
+    """Per-repeat scalars as the mean over repeats (with their spread), worst client, summed counters."""
+    spread: dict[str, Any] = {}
+    for key in REPEAT_SCALARS:
+        vals = [p["metrics"][key] for p in per_rep if p["metrics"].get(key) is not None]
+        pooled[key] = float(np.mean(vals)) if vals else None
+        spread[key] = stats(vals)
+    pooled["steady_window"] = None  # per repeat only: windows of different repeats share no clock origin
+    pooled["repeat_spread"] = spread
+    pooled["n_repeats"] = len(per_rep)
+    pooled["client"] = _worst_client([p["metrics"]["client"] for p in per_rep], pooled["client"])
+    pooled["prefix_cache"] = _pooled_cache([p["metrics"]["prefix_cache"] for p in per_rep])
+    deltas = [p["metrics"]["counter_deltas"] for p in per_rep]
+    if deltas and all(d is not None for d in deltas):
+        total = {k: float(sum(d.get(k, 0.0) for d in deltas)) for k in set().union(*deltas)}
+        pooled["counter_deltas"] = total
+        if "num_drafts" in total:
+            c = accept_length_from_counters({}, total)
+            pooled["spec_counters"] = c
+            if c["accept_length"] is not None:
+                pooled["accept_length"] = c["accept_length"]
+
+
+def judge(
+    measured_summary: Mapping[str, Any],
+    records: pd.DataFrame,
+    concurrency: int,
+    gates: Mapping[str, Any],
+    slos: Mapping[str, float] | None = None,
+    server_max_running: int | None = None,
+) -> dict[str, Any]:
+    """A measured summary judged by `gates` and `slos`: {metrics, repeats, validity} with goodput filled in.
+
+    The one place validity is decided. A cell is valid only if every repeat is. Runs on stored records, so
+    the analysis re-judges finished cells under changed gates or SLOs without measuring again.
+    """
+    if "repeat" not in records:
+        records = records.assign(repeat=0)
+    slos = {k: float(v) for k, v in (slos or {}).items() if v is not None}
+    per_rep: list[dict[str, Any]] = []
+    valid, reasons, flags = True, [], []
+    multi = len(measured_summary["repeats"]) > 1
+    for rep in measured_summary["repeats"]:
+        r = int(rep["repeat"])
+        sub = records[records["repeat"] == r]
+        m = {**rep["metrics"], "goodput_rps": goodput_rps(sub, slos), "slos": dict(slos)}
+        v = validity(m, sub, concurrency, gates, server_max_running)
+        per_rep.append({**rep, "metrics": m, "validity": v})  # what else the repeat recorded is kept
+        valid &= v["valid"]
+        prefix = f"repeat {r}: " if multi else ""
+        reasons += [prefix + x for x in v["reasons"]]
+        flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
+    pooled = dict(measured_summary["metrics"])
+    if pooled:
+        pooled["slos"] = dict(slos)
+        vals = [p["metrics"]["goodput_rps"] for p in per_rep if p["metrics"]["goodput_rps"] is not None]
+        pooled["goodput_rps"] = float(np.mean(vals)) if vals else None
+        pooled["repeat_spread"] = {**pooled.get("repeat_spread", {}), "goodput_rps": stats(vals)}
+    if not per_rep:
+        valid, reasons = False, ["no requests recorded"]
+    return {
+        "metrics": pooled,
+        "repeats": per_rep,
+        "validity": {"valid": bool(valid), "reasons": reasons, "flags": list(dict.fromkeys(flags))},
+    }
+
+
 def summarize(
     records: pd.DataFrame,
     concurrency: int,
@@ -466,60 +578,9 @@ def summarize(
     repeats: Sequence[Mapping[str, Any]] | None = None,
     server_max_running: int | None = None,
 ) -> dict[str, Any]:
-    """Cell metrics: {metrics (pooled over repeats), repeats[...], validity} as a JSON-able dict.
-
-    `repeats[i]` holds what was measured beside repeat i's records: `lag`, `idle_lag` (seconds), `client`
-    (CPU shares, stamps), `counters` ((before, after) engine counters or None). Pooled: latency/ITL/token
-    distributions over all requests of all repeats; per-repeat scalars as the mean over repeats, with their
-    spread in `repeat_spread`; counter deltas summed. A cell is valid only if every repeat is.
-    """
-    if "repeat" not in records:
-        records = records.assign(repeat=0)
-    reps = sorted(int(r) for r in records["repeat"].unique())
-    meta = {i: dict(repeats[i]) for i in range(len(repeats))} if repeats else {}
-    per_rep: list[dict[str, Any]] = []
-    valid, reasons, flags = True, [], []
-    for r in reps:
-        sub = records[records["repeat"] == r]
-        x = meta.get(r, {})
-        m = repeat_metrics(sub, concurrency, slos, x.get("lag"), x.get("idle_lag"), x.get("client"), x.get("counters"))
-        v = validity(m, sub, concurrency, gates, server_max_running)
-        per_rep.append({"repeat": r, "metrics": m, "validity": v})
-        valid &= v["valid"]
-        prefix = f"repeat {r}: " if len(reps) > 1 else ""
-        reasons += [prefix + x for x in v["reasons"]]
-        flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
-    all_lag = [x for r in reps for x in meta.get(r, {}).get("lag") or []]
-    all_idle = [x for r in reps for x in meta.get(r, {}).get("idle_lag") or []]
-    pooled = repeat_metrics(records, concurrency, slos, all_lag, all_idle) if len(records) else {}
-    spread: dict[str, Any] = {}
-    for key in REPEAT_SCALARS:
-        vals = [p["metrics"][key] for p in per_rep if p["metrics"].get(key) is not None]
-        if pooled:
-            pooled[key] = float(np.mean(vals)) if vals else None
-        spread[key] = stats(vals)
-    if pooled:
-        pooled["steady_window"] = None  # per repeat only: windows of different repeats share no clock origin
-        pooled["repeat_spread"] = spread
-        pooled["n_repeats"] = len(reps)
-        pooled["client"] = _worst_client([p["metrics"]["client"] for p in per_rep], pooled["client"])
-        pooled["prefix_cache"] = _pooled_cache([p["metrics"]["prefix_cache"] for p in per_rep])
-        deltas = [p["metrics"]["counter_deltas"] for p in per_rep]
-        if deltas and all(d is not None for d in deltas):
-            total = {k: float(sum(d.get(k, 0.0) for d in deltas)) for k in set().union(*deltas)}
-            pooled["counter_deltas"] = total
-            if "num_drafts" in total:
-                c = accept_length_from_counters({}, total)
-                pooled["spec_counters"] = c
-                if c["accept_length"] is not None:
-                    pooled["accept_length"] = c["accept_length"]
-    if not reps:
-        valid, reasons = False, ["no requests recorded"]
-    return {
-        "metrics": pooled,
-        "repeats": per_rep,
-        "validity": {"valid": bool(valid), "reasons": reasons, "flags": list(dict.fromkeys(flags))},
-    }
+    """`measure_summary` judged at once by `judge`: for callers that hold the gates when they measure."""
+    measured_summary = measure_summary(records, concurrency, repeats)
+    return judge(measured_summary, records, concurrency, gates, slos, server_max_running)
 
 
 def _worst_client(per_rep: list[dict[str, Any]], pooled: dict[str, Any]) -> dict[str, Any]:

@@ -19,11 +19,20 @@ from specsweep.client.cpu import CpuPlan, format_cpus
 from specsweep.client.loadgen import LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
 from specsweep.io import atomic_path
-from specsweep.metrics import jsonable, summarize
+from specsweep.metrics import jsonable, judge, measure_summary
 
-__all__ = ["SCHEMA_VERSION", "cell_identity", "cell_key", "level_summary", "summary_body", "write_cell"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "cell_identity",
+    "cell_key",
+    "judged",
+    "level_summary",
+    "read_judged",
+    "summary_body",
+    "write_cell",
+]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: no validity or goodput stored (judged when read)
 
 
 def cell_key(experiment: str, variant: str, arm: str, concurrency: int) -> str:
@@ -46,25 +55,53 @@ def cell_identity(experiment: str, variant: str, arm: str, concurrency: int, spe
 def summary_body(
     records: pd.DataFrame,
     concurrency: int,
-    gates: dict[str, Any],
-    slos: dict[str, float] | None = None,
     repeats: list[dict[str, Any]] | None = None,
     server_max_running: int | None = None,
     workload: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The measured part of summary.json from request records (`metrics.summarize`): the one builder used by the
-    cell runner and `bench` (through `level_summary`) and by the synthetic-data writer."""
-    s = summarize(records, concurrency, gates, slos, repeats, server_max_running)
+    """The measured part of summary.json from request records (`metrics.measure_summary`): the one builder
+    used by the cell runner and `bench` (through `level_summary`) and by the synthetic-data writer.
+
+    It holds no validity and no goodput: those are judgements under the experiment's gates and SLOs, made
+    by `judged` whenever the cell is read, so changing a gate or an SLO never re-measures a cell.
+    """
+    s = measure_summary(records, concurrency, repeats)
     return {
         "schema_version": SCHEMA_VERSION,
         "concurrency": int(concurrency),
         "workload": dict(workload or {}),
         "metrics": s["metrics"],
         "repeats": s["repeats"],
-        "validity": s["validity"],
+        "server_max_running": server_max_running,
+        "measurement": {"reasons": [], "flags": []},
         **(extra or {}),
     }
+
+
+def judged(
+    summary: dict[str, Any],
+    records: pd.DataFrame,
+    gates: dict[str, Any],
+    slos: dict[str, float | None] | None = None,
+) -> dict[str, Any]:
+    """summary.json judged by `gates` and `slos` (`metrics.judge`): the same layout with `validity`, goodput
+    and `judged_with` filled in. The measuring process's own `measurement.reasons` (a cell it knows to be
+    broken) invalidate whatever the gates; its `measurement.flags` are shown beside the gates' flags."""
+    version = summary.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{summary.get('cell', {}).get('key', 'a cell')}: summary.json schema {version} is not {SCHEMA_VERSION}; "
+            "re-measure it (snakemake --forcerun <its summary.json>)"
+        )
+    slos = {k: v for k, v in (slos or {}).items() if v is not None}
+    j = judge(summary, records, int(summary["concurrency"]), gates, slos, summary.get("server_max_running"))
+    taken = summary.get("measurement") or {}
+    validity = j["validity"]
+    validity["reasons"] = [*taken.get("reasons", []), *validity["reasons"]]
+    validity["flags"] = list(dict.fromkeys([*validity["flags"], *taken.get("flags", [])]))
+    validity["valid"] = validity["valid"] and not taken.get("reasons")
+    return {**summary, **jsonable(j), "judged_with": {"gates": dict(gates), "slo": slos}}
 
 
 def level_summary(
@@ -72,13 +109,13 @@ def level_summary(
     prompts: LevelPrompts,
     spec: RequestSpec,
     output_tokens: Any,
-    gates: dict[str, float],
-    slos: dict[str, float] | None = None,
     server_max_running: int | None = None,
     extra: dict[str, Any] | None = None,
     cpus: CpuPlan | None = None,
 ) -> dict[str, Any]:
-    """The summary.json body for one measured level (the cell runner adds `cell`, `server`, `source`...)."""
+    """The summary.json body for one measured level (the cell runner adds `cell`, `server`, `source`...).
+
+    Unjudged: read it through `judged` with the experiment's gates and SLOs."""
     meta = [
         {
             "lag": r.lag_samples,
@@ -108,8 +145,6 @@ def level_summary(
     s = summary_body(
         level.records,
         level.concurrency,
-        gates,
-        slos,
         meta,
         server_max_running,
         workload,
@@ -120,10 +155,25 @@ def level_summary(
         rep_out["cache_reset"] = rep.cache_reset
         rep_out["prompt_set_sha256"] = rep.prompts.sha256 if rep.prompts is not None else None
     if level.warmup_errors:
-        s["validity"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
+        s["measurement"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
     if not prompts.unique:
-        s["validity"]["flags"].append("the prompts file is shorter than the level needs: prompts repeat")
+        s["measurement"]["flags"].append("the prompts file is shorter than the level needs: prompts repeat")
     return jsonable(s)
+
+
+def read_judged(
+    cell_dir: str | Path, gates: dict[str, Any], slos: dict[str, float | None] | None = None
+) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    """A cell directory's summary judged by `gates` and `slos`, and its records. Without requests.parquet the
+    cell cannot be judged: it is invalid, its measured values kept."""
+    cell_dir = Path(cell_dir)
+    summary = json.loads((cell_dir / "summary.json").read_text())
+    parquet = cell_dir / "requests.parquet"
+    if not parquet.exists():
+        missing = "requests.parquet missing: the cell cannot be judged or given an interval (re-measure it)"
+        return {**summary, "validity": {"valid": False, "reasons": [missing], "flags": []}}, None
+    records = pd.read_parquet(parquet)
+    return judged(summary, records, gates, slos), records
 
 
 def write_cell(out_dir: str | Path, records_df: pd.DataFrame, summary: dict[str, Any]) -> tuple[Path, Path]:

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specsweep.config import load_arg
+from specsweep.config import defaults, load_arg
 from specsweep.io import atomic_write_json, read_json
+from specsweep.summary import read_judged
 
 TAG = "specsweep"
 
@@ -49,10 +50,6 @@ def flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
     elif isinstance(value, dict):
         for k, v in value.items():
             flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
-
-
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 class Tracker:
@@ -155,21 +152,28 @@ def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
 def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     flatten("", summary.get("metrics") or {}, out)
-    out["valid"] = float(bool((summary.get("validity") or {}).get("valid", True)))
+    out["valid"] = float(bool(summary["validity"]["valid"]))
     return out
 
 
-def log_cell(tracker: Tracker, summary_path: Path) -> str:
-    """The cell's run: reused when summary.json is unchanged, else a new one that supersedes the old."""
-    summary = read_json(summary_path)
+def judged_cell(tracker: Tracker, summary_path: Path) -> dict[str, Any]:
+    """The cell's summary judged by the experiment's gates and SLOs (`summary.read_judged`)."""
+    gates = {**defaults("gates"), **(tracker.config.get("gates") or {})}
+    return read_judged(Path(summary_path).parent, gates, tracker.config.get("slo"))[0]
+
+
+def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> str:
+    """The cell's run: reused when summary.json and its judgement are unchanged, else a new one that
+    supersedes the old (a changed gate or SLO re-logs the cell without re-measuring it)."""
     key = summary["cell"]["key"]
-    digest = sha256_file(summary_path)
+    judgement = json.dumps(summary.get("judged_with"), sort_keys=True).encode()
+    digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement).hexdigest()
     existing = tracker.active_runs(cell_key=key)
     for run in existing:
         if run.data.tags.get(f"{TAG}.summary_sha256") == digest:
             tracker.retire(existing, keep=run.info.run_id, why="duplicate")
             return run.info.run_id
-    validity = summary.get("validity") or {}
+    validity = summary["validity"]
     tags = {
         f"{TAG}.kind": "cell",
         f"{TAG}.cell_key": key,
@@ -178,7 +182,7 @@ def log_cell(tracker: Tracker, summary_path: Path) -> str:
         f"{TAG}.arm": summary["cell"]["arm"],
         f"{TAG}.backend": str(summary.get("client_backend", "")),
         f"{TAG}.source": str(summary.get("source")),
-        f"{TAG}.valid": str(bool(validity.get("valid", True))).lower(),
+        f"{TAG}.valid": str(bool(validity["valid"])).lower(),
         f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
         f"{TAG}.summary_sha256": digest,
     }
@@ -200,9 +204,9 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     cell_runs: dict[int, str] = {}
     steps: list[tuple[int, dict[str, float]]] = []
     for path in sorted(summary_paths, key=lambda p: read_json(p)["cell"]["concurrency"]):
-        summary = read_json(path)
+        summary = judged_cell(tracker, path)
         c = int(summary["cell"]["concurrency"])
-        cell_runs[c] = log_cell(tracker, path)
+        cell_runs[c] = log_cell(tracker, path, summary)
         steps.append((c, cell_metrics(summary)))
     sweep_key = f"{experiment}/{variant}/{arm}"
     digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()

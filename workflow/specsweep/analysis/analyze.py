@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,8 @@ class AnalysisSettings:
     slo: dict[str, float] | None = None  # seconds: ttft_s, tpot_s, e2e_s
     max_crossover_ratio: float = _DEFAULTS["max_crossover_ratio"]  # a wider crossover interval is inconclusive
     levels: list[float] | None = None  # the configured levels (config `concurrency`): what should exist
+    gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
+    slo_ms: dict[str, float] = field(default_factory=dict)  # the config's `slo:` as given (ms), for judging cells
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AnalysisSettings:
@@ -102,6 +104,8 @@ class AnalysisSettings:
         s.primary_metric = str(a.get("primary_metric", s.primary_metric))
         s.policy_rule = str(a.get("policy_rule", s.policy_rule))
         s.slo = slo_seconds(a.get("slo") or config.get("slo"))
+        s.slo_ms = {k: float(v) for k, v in (config.get("slo") or {}).items() if v is not None}
+        s.gates = {**defaults("gates"), **(config.get("gates") or {})}
         s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
         if config.get("concurrency"):
             s.levels = sorted(float(c) for c in config["concurrency"])

@@ -8,7 +8,6 @@ each repeat's steady window that the block bootstrap resamples (docs/analysis.md
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -125,11 +124,12 @@ class Cell:
 
     @property
     def valid(self) -> bool:
-        return bool(self.summary.get("validity", {}).get("valid", True))
+        """Judged validity (`load_cell` judges every cell it reads; a summary without a judgement is an error)."""
+        return bool(self.summary["validity"]["valid"])
 
     @property
     def invalid_reasons(self) -> list[str]:
-        return [str(r) for r in self.summary.get("validity", {}).get("reasons", [])]
+        return [str(r) for r in self.summary["validity"]["reasons"]]
 
     @property
     def source(self) -> str:
@@ -385,13 +385,23 @@ def request_arrays(
     )
 
 
-def load_cell(cell_dir: str | Path, arm: str | None = None, concurrency: float | None = None) -> Cell:
-    """Load one cell directory (summary.json required, requests.parquet optional)."""
+def load_cell(
+    cell_dir: str | Path,
+    arm: str | None = None,
+    concurrency: float | None = None,
+    gates: Mapping[str, Any] | None = None,
+    slos: Mapping[str, float | None] | None = None,
+) -> Cell:
+    """Load one cell directory, judged by `gates` (default: the schema's) and `slos` (`summary.judged`).
+
+    A cell without requests.parquet cannot be judged: it is invalid, with its point values kept."""
+    from specsweep.config import defaults
+    from specsweep.summary import read_judged
+
     cell_dir = Path(cell_dir)
     if cell_dir.name == "summary.json":  # an explicit summary path names its cell directory too
         cell_dir = cell_dir.parent
-    summary_path = cell_dir / "summary.json"
-    summary = json.loads(summary_path.read_text())
+    summary, df = read_judged(cell_dir, dict(gates) if gates is not None else defaults("gates"), slos)
     meta = summary.get("cell", {})
     arm = arm or meta.get("arm") or cell_dir.parent.name
     if concurrency is None:
@@ -402,14 +412,10 @@ def load_cell(cell_dir: str | Path, arm: str | None = None, concurrency: float |
                 raise ValueError(f"cannot tell the concurrency of {cell_dir}")
             concurrency = float(m.group(1))
     cell = Cell(arm=str(arm), concurrency=float(concurrency), path=cell_dir, summary=summary)
-    parquet = cell_dir / "requests.parquet"
-    if parquet.exists():
-        import pandas as pd
-
-        windows = summary_windows(summary)
-        cell.requests = request_arrays(pd.read_parquet(parquet), int(round(cell.concurrency)), windows or None)
+    if df is None:
+        cell.notes.extend(summary["validity"]["reasons"])
     else:
-        cell.notes.append("requests.parquet missing: point values only, no interval")
+        cell.requests = request_arrays(df, int(round(cell.concurrency)), summary_windows(summary) or None)
     return cell
 
 

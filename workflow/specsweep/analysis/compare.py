@@ -51,10 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 
-def _load_variant(root: Path, arms: list[str] | None, levels: list[float] | None) -> dict[str, dict[float, Cell]]:
+def _load_variant(
+    root: Path, arms: list[str] | None, levels: list[float] | None, settings: AnalysisSettings
+) -> dict[str, dict[float, Cell]]:
+    """A variant's cells, judged by the config's gates and SLOs as they are read."""
     out: dict[str, dict[float, Cell]] = {}
     for arm, by_level in find_cells(root, arms, levels).items():
-        out[arm] = {c: load_cell(d, arm=arm, concurrency=c) for c, d in by_level.items()}
+        out[arm] = {
+            c: load_cell(d, arm=arm, concurrency=c, gates=settings.gates, slos=settings.slo_ms)
+            for c, d in by_level.items()
+        }
     return out
 
 
@@ -287,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for v in names:
         root = args.results_root / v
-        variants[v] = _load_variant(root, args.arms, levels)
+        variants[v] = _load_variant(root, args.arms, levels, settings)
         if not variants[v]:
             print(f"no cells for variant {v} under {root}", file=sys.stderr)
             return 1

@@ -362,8 +362,8 @@ def _summary_from_arrays(
 
 
 def summary_metrics(df: pd.DataFrame, concurrency: int) -> dict[str, Any]:
-    """{metrics, repeats, validity} of request records: the shared summary builder (`specsweep.summary`)."""
-    return summary_body(df, concurrency, defaults("gates"))
+    """{metrics, repeats, validity} of request records, judged by the default gates (`metrics.summarize`)."""
+    return metrics.summarize(df, concurrency, defaults("gates"))
 
 
 def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
@@ -434,14 +434,14 @@ def write_synthetic_cell(
     builder and writer (`specsweep.summary`), and return the cell directory. `valid=False` marks the cell
     invalid with `reasons`, as a failed gate would."""
     d = Path(variant_dir) / arm / f"c{concurrency}"
-    summary = summary_body(df, concurrency, defaults("gates"), workload={"source": "synthetic"})
+    summary = summary_body(df, concurrency, workload={"source": "synthetic"})
     if accept_length is not None:
         summary["metrics"]["accept_length"] = accept_length
     summary.update(
         cell=cell_identity(experiment, variant, arm, concurrency, arm != "baseline"), source=source, engine=engine
     )
-    if not valid:
-        summary["validity"] = {"valid": False, "reasons": list(reasons or ["invalid"]), "flags": []}
+    if not valid:  # as the measuring process marks a cell it knows to be broken, whatever the gates
+        summary["measurement"]["reasons"] = list(reasons or ["invalid"])
     write_cell(d, df, summary)
     return d
 

@@ -24,7 +24,7 @@ from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults, request_count
 from specsweep.engines import ENGINES, get_engine
 from specsweep.redact import MissingAPIKey, api_key_from_env
-from specsweep.summary import level_summary, write_cell
+from specsweep.summary import judged, level_summary, write_cell
 
 
 class Progress:
@@ -201,14 +201,12 @@ async def _bench(args: argparse.Namespace) -> int:
             prompts,
             spec,
             args.output_tokens,
-            gates,
-            slos,
             args.server_max_running,
             extra={"url": args.url, "cpus": plan.as_dict()},
             cpus=plan,
         )
         write_cell(Path(args.out) / f"c{c}", level.records, summary)
-        m, v = summary["metrics"], summary["validity"]
+        m, v = summary["metrics"], judged(summary, level.records, gates, slos)["validity"]
         tok_s = m.get("output_tok_s_steady")
         ttft = (m.get("ttft_ms") or {}).get("p50")
         print(

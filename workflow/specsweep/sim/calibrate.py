@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from specsweep.config import defaults
 from specsweep.sim.engine import step_time
 from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import Profile, dump_profile, load_profile
+from specsweep.summary import SCHEMA_VERSION, read_judged
 
 DEFAULT_PARAMS_BASELINE = [
     "step.fixed_s",
@@ -155,6 +157,8 @@ def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, Any], v
     out: list[Target] = []
     for f in sorted(root.glob("**/c*/summary.json")):
         s = json.loads(f.read_text())
+        if s.get("schema_version") == SCHEMA_VERSION:  # judged by the default gates; older cells carry their own
+            s = read_judged(f.parent, defaults("gates"))[0]
         cell = s.get("cell", {})
         arm = cell.get("arm", f.parent.parent.name)
         var = cell.get("variant", f.parent.parent.parent.name)
@@ -166,7 +170,7 @@ def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, Any], v
         throughput = "steady" if new else "total"
         keys = STEADY_KEYS if new else TOTAL_KEYS + STEADY_KEYS
         key = next((k for k in keys if metrics.get(k) is not None), None)
-        if key is None or not s.get("validity", {}).get("valid", True):
+        if key is None or not s["validity"]["valid"]:
             continue
         if key in STEADY_KEYS:
             throughput = "steady"  # an older cell without a whole-level figure: the best there is

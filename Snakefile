@@ -38,6 +38,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/cell.smk"
+include: "workflow/rules/adaptive.smk"
 include: "workflow/rules/crossover.smk"
 include: "workflow/rules/tracking.smk"
 

@@ -7,6 +7,7 @@ is checked on placeholder outputs (`snakemake --touch`): a recipe is a file inpu
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -174,3 +175,31 @@ def test_changing_one_arms_server_flag_reruns_that_arms_cells(finished: Path) ->
         "track_crossover": {"a"},
     }
     assert ("track_sweep", "results/rr/a/baseline/mlflow_sweep.json") not in jobs  # the other arm's sweep
+
+
+def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: Path) -> None:
+    """Gates, SLOs, analysis settings and the start-up timeout are not part of a cell: editing them reruns the
+    analysis and tracking only, and the stored records are judged again under the new settings."""
+    cfg = yaml.safe_load((finished / "config.yaml").read_text())
+    cfg["slo"] = {"ttft_ms": 1000}
+    cfg["gates"] = {"max_client_cpu_share": 0.001}  # every client used more CPU than that: every cell fails
+    cfg["analysis"]["bootstrap_samples"] = 200
+    cfg["variants"]["a"]["startup_timeout_s"] = 60
+    write(finished, cfg)
+    assert variants_of(planned(finished)) == {
+        "crossover_variant": {"a", "b"},
+        "track_sweep": {"a", "b"},
+        "track_crossover": {"a", "b"},
+    }
+    cells = sorted(finished.glob("results/rr/*/*/c*/*.*"))
+    before = {p: p.stat().st_mtime_ns for p in cells}
+    servers_log = finished / "results" / "rr" / ".servers" / "servers.log"
+    starts_before = servers_log.read_text().count(" start ")
+    smk(finished, "crossover")
+    assert {p: p.stat().st_mtime_ns for p in cells} == before  # nothing re-measured
+    assert servers_log.read_text().count(" start ") == starts_before  # no server started
+    out = json.loads((finished / "results" / "rr" / "a" / "crossover.json").read_text())
+    ar = out["arms"]["eagle3"]
+    assert out["bootstrap"]["replicates"] == 200
+    assert ar["levels"] == [] and all("client saturated" in c["reasons"][0] for c in ar["invalid_cells"])
+    assert ar["verdict"]["kind"] == "inconclusive"

@@ -21,6 +21,8 @@ rule cell:
     wildcard_constraints:
         c=r"\d+",
     priority: cell_priority
+    resources:
+        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
     conda:
         "../envs/specsweep.yaml"
     params:
@@ -30,4 +32,5 @@ rule cell:
         server_logs=LOGS / "servers",
     shell:
         "python -m specsweep cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
-        " --state-dir {params.state_dir} --server-log-dir {params.server_logs} > {log} 2>&1"
+        " --state-dir {params.state_dir} --server-log-dir {params.server_logs}"
+        " --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"

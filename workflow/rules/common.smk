@@ -11,6 +11,7 @@ from specsweep.config import (
     requests_for,
     server_group_priority,
     speculative_arms,
+    startup_timeout_s,
     tracking_spec,
 )
 
@@ -22,6 +23,7 @@ VARIANTS = list(config["variants"])
 ARMS = list(config["arms"])
 LEVELS = sorted(config["concurrency"])
 BASELINE_ARM = config["analysis"]["baseline_arm"]
+ADAPTIVE = config["adaptive"]
 TRACKING = config["mlflow"]["enabled"]
 TRACKING_JSON = dumps(tracking_spec(config))
 
@@ -40,23 +42,53 @@ def cell_path(variant, arm, c, name):
     return RES / variant / arm / f"c{c}" / name
 
 
+def levels_after(variant, round_):
+    """The variant's levels once `round_` refinement rounds are done: the configured grid at round 0 (and
+    always, without adaptive levels), else what the rounds' checkpoints wrote (workflow/rules/adaptive.smk).
+    A round that adds nothing ends the refinement: no later round is asked for."""
+    levels = LEVELS
+    for r in range(1, round_ + 1 if ADAPTIVE["enabled"] else 1):
+        plan = json.loads(Path(checkpoints.refine.get(variant=variant, round=r).output[0]).read_text())
+        levels = plan["levels"]
+        if plan["stop"]:
+            break
+    return levels
+
+
+def final_levels(variant):
+    return levels_after(variant, ADAPTIVE["max_rounds"] if ADAPTIVE["enabled"] else 0)
+
+
 def arm_cells(wildcards, name="summary.json"):
     known("variant", wildcards.variant, VARIANTS)
     known("arm", wildcards.arm, ARMS)
-    return [cell_path(wildcards.variant, wildcards.arm, c, name) for c in LEVELS]
+    return [cell_path(wildcards.variant, wildcards.arm, c, name) for c in final_levels(wildcards.variant)]
 
 
-def variant_cells(wildcards, name="summary.json"):
+def variant_cells(wildcards, name="summary.json", levels=None):
     known("variant", wildcards.variant, VARIANTS)
-    return [cell_path(wildcards.variant, a, c, name) for a in ARMS for c in LEVELS]
+    levels = final_levels(wildcards.variant) if levels is None else levels
+    return [cell_path(wildcards.variant, a, c, name) for a in ARMS for c in levels]
+
+
+def round_cells(wildcards, name="summary.json"):
+    """The cells a refinement round judges: every level measured before it."""
+    return variant_cells(wildcards, name, levels_after(wildcards.variant, int(wildcards.round) - 1))
 
 
 def cell_inputs(wildcards):
     variant = known("variant", wildcards.variant, VARIANTS)
     known("arm", wildcards.arm, ARMS)
-    if int(wildcards.c) not in LEVELS:
+    c = int(wildcards.c)
+    if ADAPTIVE["enabled"] and not LEVELS[0] <= c <= LEVELS[-1]:
         raise ValueError(
-            f"concurrency {wildcards.c} is not among the configured levels {LEVELS}; add it to 'concurrency'"
+            f"concurrency {c} is outside the configured range {LEVELS[0]}..{LEVELS[-1]}, where adaptive levels "
+            "are added; widen 'concurrency'"
+        )
+    if not ADAPTIVE["enabled"] and c not in LEVELS:
+        raise ValueError(
+            f"concurrency {c} is not among the configured levels {LEVELS}; add it to 'concurrency' "
+            "(or enable adaptive levels)"
         )
     inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
     if config["variants"][variant].get("model_builder"):
@@ -66,6 +98,11 @@ def cell_inputs(wildcards):
 
 def variant_analysis_json(wildcards):
     return dumps(analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]))
+
+
+def refine_json(wildcards):
+    """What a refinement round reads: the variant's analysis settings and the adaptive ones."""
+    return dumps({**analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]), "adaptive": ADAPTIVE})
 
 
 def recipe_input(wildcards):

@@ -38,11 +38,10 @@ rule crossover_variant:
         "../envs/specsweep.yaml"
     params:
         config=variant_analysis_json,
-        cells_root=lambda w: RES / w.variant,
         out_dir=lambda w: RES / w.variant,
     shell:
         "python -m specsweep crossover --variant {wildcards.variant} --config {params.config:q}"
-        " --cells-root {params.cells_root} --out-dir {params.out_dir} > {log} 2>&1"
+        " --summaries {input.summaries} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule compare:

@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve-sim": ("specsweep.sim.server", "run the simulated engine server (OpenAI + SGLang APIs)"),
     "predict": ("specsweep.sim.predict", "predict a sweep and its crossover in virtual time"),
+    "plan": ("specsweep.sim.plan", "plan a config's sweep in virtual time: levels, GPU time, interval width"),
     "calibrate": ("specsweep.sim.calibrate", "fit a simulated-engine profile to measured cells"),
     "bench": ("specsweep.client.bench", "measure a running server at several concurrency levels"),
     "fingerprint": ("specsweep.fingerprint", "write a stack fingerprint JSON"),
@@ -17,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cell": ("specsweep.cell", "measure one cell (variant x arm x concurrency)"),
     "servers": ("specsweep.servers", "list or stop the servers of an experiment"),
     "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),
+    "refine": ("specsweep.analysis.adaptive", "choose the levels an adaptive round adds inside the crossover interval"),
     "compare": ("specsweep.analysis.compare", "compare variants arm by arm"),
     "track": ("specsweep.tracking", "log cells and crossovers to MLflow"),
     "config-doc": ("specsweep.configdoc", "print (or --write) config/README.md from the config schema"),

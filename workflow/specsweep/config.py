@@ -151,8 +151,16 @@ def request_count(concurrency: int, per_concurrency: float, floor: int, maximum:
 
 
 def requests_for(config: dict[str, Any], concurrency: int) -> int:
+    """Measured requests at a level. With adaptive levels, the grid's levels may be measured with fewer
+    turnovers (`adaptive.grid_per_concurrency`: far from the crossover a rough figure is enough) and the added
+    ones with more (`adaptive.added_per_concurrency`: they decide the crossover's interval)."""
     rule = config["workload"]["requests"]
-    return request_count(int(concurrency), rule["per_concurrency"], rule["floor"], rule.get("max"))
+    per_c = rule["per_concurrency"]
+    adaptive = config.get("adaptive") or {}
+    if adaptive.get("enabled"):
+        grid = int(concurrency) in {int(c) for c in config["concurrency"]}
+        per_c = adaptive.get("grid_per_concurrency" if grid else "added_per_concurrency") or per_c
+    return request_count(int(concurrency), per_c, rule["floor"], rule.get("max"))
 
 
 def speculative_arms(config: dict[str, Any]) -> list[str]:

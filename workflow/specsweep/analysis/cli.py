@@ -18,7 +18,7 @@ from specsweep.analysis.table import format_table, table_csv
 from specsweep.config import load_arg
 from specsweep.io import atomic_write_text
 
-__all__ = ["add_arguments", "main", "run", "run_crossover", "server_args"]
+__all__ = ["add_arguments", "analyze_cells", "main", "run", "run_crossover", "server_args"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,19 +69,50 @@ def _arm_roles(
     return baseline, [a for a in spec if a != baseline]
 
 
-def _load_cells(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, dict[float, Cell]]:
-    levels = config.get("concurrency")
-    arms = list((config.get("arms") or {}).keys()) or None
+def _load_cells(
+    config: dict[str, Any],
+    settings: AnalysisSettings,
+    summaries: list[Path] | None = None,
+    cells_root: Path | None = None,
+) -> dict[str, dict[float, Cell]]:
+    """The variant's cells, each judged by the config's gates and SLOs as it is read: the given summaries, or
+    those under `cells_root` at the configured arms and levels."""
+    judge = {"gates": settings.gates, "slos": settings.slo_ms}
     cells: dict[str, dict[float, Cell]] = {}
-    if args.summaries:
-        for p in args.summaries:
-            cell = load_cell(p)
+    if summaries:
+        for p in summaries:
+            cell = load_cell(p, **judge)
             cells.setdefault(cell.arm, {})[cell.concurrency] = cell
         return cells
-    for arm, by_level in find_cells(args.cells_root, arms, levels).items():
+    arms = list((config.get("arms") or {}).keys()) or None
+    for arm, by_level in find_cells(cells_root, arms, config.get("concurrency")).items():
         for c, d in by_level.items():
-            cells.setdefault(arm, {})[c] = load_cell(d, arm=arm, concurrency=c)
+            cells.setdefault(arm, {})[c] = load_cell(d, arm=arm, concurrency=c, **judge)
     return cells
+
+
+def analyze_cells(
+    config: dict[str, Any],
+    variant: str,
+    summaries: list[Path] | None = None,
+    cells_root: Path | None = None,
+    settings: AnalysisSettings | None = None,
+    baseline_arm: str | None = None,
+    spec_arms: list[str] | None = None,
+    experiment: str | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[float, Cell]]]:
+    """Judge a variant's cells and compare each speculative arm with the baseline: (result, cells)."""
+    settings = settings or AnalysisSettings.from_config(config)
+    cells = _load_cells(config, settings, summaries, cells_root)
+    if not cells:
+        raise SystemExit(f"no cells found for variant {variant}")
+    baseline, spec = _arm_roles(config, sorted(cells), baseline_arm, spec_arms, settings.baseline_arm)
+    variant_cfg = (config.get("variants") or {}).get(variant) or {}
+    any_summary = next(iter(next(iter(cells.values())).values())).summary
+    engine = str(variant_cfg.get("engine") or any_summary.get("engine") or "")
+    experiment = experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
+    result = analyze_variant(cells, baseline, spec, settings, experiment=experiment, variant=variant, engine=engine)
+    return result, cells
 
 
 def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,17 +125,19 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
         settings.seed = args.seed
     if args.include_invalid:
         settings.include_invalid = True
-    cells = _load_cells(args, config)
-    if not cells:
-        raise SystemExit(f"no cells found for variant {args.variant}")
-    baseline, spec_arms = _arm_roles(config, sorted(cells), args.baseline_arm, args.spec_arms, settings.baseline_arm)
-    variant_cfg = (config.get("variants") or {}).get(args.variant) or {}
-    any_summary = next(iter(next(iter(cells.values())).values())).summary
-    engine = str(variant_cfg.get("engine") or any_summary.get("engine") or "")
-    experiment = args.experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
-    result = analyze_variant(
-        cells, baseline, spec_arms, settings, experiment=experiment, variant=args.variant, engine=engine
+    result, cells = analyze_cells(
+        config,
+        args.variant,
+        args.summaries,
+        args.cells_root,
+        settings,
+        args.baseline_arm,
+        args.spec_arms,
+        args.experiment,
     )
+    spec_arms = list(result["arms"])
+    engine = result["engine"]
+    variant_cfg = (config.get("variants") or {}).get(args.variant) or {}
     result["policy_rule"] = settings.policy_rule
     out: Path = args.out_dir
     arms_cfg = {a: server_args(config, args.variant, a) for a in spec_arms}

@@ -1,0 +1,284 @@
+"""`specsweep plan`: the sweep a config will run, in virtual time, before any GPU time is spent.
+
+For one variant and a profile (the variant's own for the simulated engine, or a calibrated one via `--profile`)
+it drives every cell of the config through the engine core in virtual time (`specsweep.sim.predict.run_level`,
+the same closed loop, ramp and request counts as the pipeline), judges the records with the pipeline's metrics
+and analysis (`specsweep.summary.judged`, `specsweep.analysis.analyze.analyze_variant`), and prints, for the
+fixed grid and for adaptive levels (`specsweep.analysis.adaptive.next_levels`, the pipeline's own rule): the
+levels, the requests per level, the expected measuring time per arm (server starts + levels) and the crossover
+interval with its width. Virtual time has the engine's own randomness (acceptance) but no host noise: widths
+are what the design achieves at best, and several `--seeds` show their spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specsweep.analysis.adaptive import AdaptiveSettings, next_levels
+from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
+from specsweep.analysis.cells import Cell, request_arrays, summary_windows
+from specsweep.client.loadgen import warmup_count
+from specsweep.config import ConfigError, load, requests_for
+from specsweep.sim.predict import CLIENT_TURNAROUND_S, level_records, run_level
+from specsweep.sim.profile import Profile, load_profile
+from specsweep.summary import cell_identity, judged, summary_body
+
+__all__ = ["PlannedSweep", "plan_sweep", "virtual_cell"]
+
+SOURCE = "simulated (virtual time)"
+
+
+@dataclass
+class PlannedSweep:
+    """One planned sweep of a variant: what it measures, what it costs, what it answers."""
+
+    mode: str  # "fixed" or "adaptive"
+    levels: list[int]
+    requests: dict[int, int]  # measured requests per level and repeat
+    measure_s: dict[str, float]  # per arm: levels in virtual time + server starts
+    server_starts: dict[str, int]
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # adaptive rounds: added levels, why it stopped
+    crossover: dict[str, dict[str, Any]] = field(default_factory=dict)  # per speculative arm
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(self.measure_s.values()))
+
+    def width(self, arm: str) -> float | None:
+        """hi/lo of the arm's crossover interval, None when it is open or there is none."""
+        x = self.crossover.get(arm) or {}
+        st = x.get("states") or {}
+        if st.get("lo") == st.get("hi") == "within":
+            return float(x["hi"] / x["lo"])
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "levels": self.levels,
+            "requests": {str(c): n for c, n in self.requests.items()},
+            "measure_s": self.measure_s,
+            "server_starts": self.server_starts,
+            "total_s": self.total_s,
+            "rounds": self.rounds,
+            "crossover": {
+                a: {k: x.get(k) for k in ("estimate", "lo", "hi", "states")} | {"width": self.width(a)}
+                for a, x in self.crossover.items()
+            },
+        }
+
+
+def virtual_cell(
+    profile: Profile, config: dict[str, Any], variant: str, arm: str, concurrency: int, seed: int
+) -> tuple[Cell, float]:
+    """One cell measured in virtual time, judged by the config's gates: (cell, its seconds incl. idle probes)."""
+    w = config["workload"]
+    out = w["output_tokens"]
+    output_tokens = out if isinstance(out, int) else int(round(np.mean(out["uniform"])))
+    speculative = bool(config["arms"][arm]["speculative"])
+    n = requests_for(config, concurrency)
+    frames, seconds = [], 0.0
+    for r in range(config["repeats"]):
+        level = run_level(
+            profile,
+            speculative,
+            concurrency,
+            n,
+            w["input_tokens"],
+            output_tokens,
+            seed=seed * 1000 + r,
+            turnaround_s=CLIENT_TURNAROUND_S,
+            stagger=w["stagger"],
+            trace=True,
+        )
+        df = level_records(level).assign(repeat=r)
+        frames.append(df)
+        # the closed loop, the idle probe, and the warm-up: max(w, C) requests of <= 32 tokens at C in flight,
+        # about 32/output of one turnover of the slots
+        e2e = float((df["end_s"] - df["send_s"]).median())
+        warmup = (
+            math.ceil(warmup_count(w["warmup_requests"], concurrency) / concurrency)
+            * e2e
+            * min(32, output_tokens)
+            / output_tokens
+        )
+        seconds += float(df["end_s"].max() - df["send_s"].min()) + config["client"]["idle_probe_s"] + warmup
+    df = pd.concat(frames, ignore_index=True)
+    body = summary_body(
+        df,
+        concurrency,
+        workload={"n_requests": n, "output_tokens": output_tokens, "input_tokens": w["input_tokens"]},
+        extra={
+            "cell": cell_identity(config["experiment"], variant, arm, concurrency, speculative),
+            "source": SOURCE,
+            "engine": "sim",
+            "level_s": seconds,
+        },
+    )
+    summary = judged(body, df, config["gates"], config["slo"])
+    cell = Cell(arm, float(concurrency), Path(variant) / arm / f"c{concurrency}", summary)
+    cell.requests = request_arrays(df, concurrency, summary_windows(summary) or None)
+    return cell, seconds
+
+
+def plan_sweep(
+    profile: Profile,
+    config: dict[str, Any],
+    variant: str,
+    adaptive: AdaptiveSettings | None,
+    seed: int = 0,
+    server_start_s: float = 0.0,
+) -> PlannedSweep:
+    """The fixed grid (`adaptive` None: the config's grid and request counts, adaptive levels off) or adaptive
+    levels, measured and analysed in virtual time."""
+    config = {**config, "adaptive": {**config.get("adaptive", {}), "enabled": adaptive is not None}}
+    arms = list(config["arms"])
+    settings = AnalysisSettings.from_config(config)
+    spec_arms = [a for a in arms if config["arms"][a]["speculative"]]
+    grid = sorted(int(c) for c in config["concurrency"])
+    cells: dict[str, dict[float, Cell]] = {a: {} for a in arms}
+    seconds = dict.fromkeys(arms, 0.0)
+    starts = dict.fromkeys(arms, 0)
+
+    def measure(levels: list[int]) -> dict[str, Any]:
+        for i, a in enumerate(arms):
+            starts[a] += 1  # one server start per arm and round (arms take turns on the GPUs)
+            seconds[a] += server_start_s
+            for c in levels:
+                cells[a][float(c)], s = virtual_cell(profile, config, variant, a, c, seed * 7919 + i)
+                seconds[a] += s
+        return analyze_variant(cells, settings.baseline_arm, spec_arms, settings, config["experiment"], variant, "sim")
+
+    result = measure(grid)
+    rounds: list[dict[str, Any]] = []
+    if adaptive is not None:
+        for r in range(1, adaptive.max_rounds + 1):
+            measured = sorted(int(c) for c in cells[arms[0]])
+            step = next_levels(result, measured, grid, adaptive, sum(seconds.values()))
+            rounds.append({"round": r, "add": step["add"], "stop": step["stop"]})
+            if step["stop"]:
+                break
+            result = measure(step["add"])
+    levels = sorted(int(c) for c in cells[arms[0]])
+    return PlannedSweep(
+        mode="adaptive" if adaptive is not None else "fixed",
+        levels=levels,
+        requests={c: requests_for(config, c) for c in levels},
+        measure_s=seconds,
+        server_starts=starts,
+        rounds=rounds,
+        crossover={a: result["arms"][a]["crossover"] or {} for a in spec_arms},
+    )
+
+
+def _interval(p: PlannedSweep, arm: str) -> str:
+    x = p.crossover.get(arm) or {}
+    if not x:
+        return "none"
+    st = x["states"]
+
+    def end(k: str) -> str:
+        return {"below_range": "<min", "above_range": ">max"}.get(st[k], f"{x[k]:.3g}" if x[k] is not None else "-")
+
+    w = p.width(arm)
+    return f"{end('estimate')} [{end('lo')}, {end('hi')}]" + (f" {w:.2f}x" if w else " open")
+
+
+def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
+    lines = []
+    for p in plans:
+        added = sorted(set(p.levels) - set(plans[0].levels)) if p.mode == "adaptive" else []
+        lines.append(
+            f"{p.mode:<9} levels {', '.join(map(str, p.levels))}"
+            + (f" (added {', '.join(map(str, added))})" if added else "")
+        )
+        lines.append(f"          requests per level: {', '.join(f'{c}:{n}' for c, n in p.requests.items())}")
+        cost = ", ".join(f"{a} {s / 60:.1f} min ({p.server_starts[a]} starts)" for a, s in p.measure_s.items())
+        lines.append(f"          measuring: {cost}; total {p.total_s / 60:.1f} min")
+        for a in spec_arms:
+            lines.append(f"          {a}: crossover {_interval(p, a)}")
+        if p.rounds:
+            lines.append(
+                "          rounds: "
+                + "; ".join(
+                    f"{r['round']}: +{r['add'] or 'nothing'}" + (f" ({r['stop']})" if r["stop"] else "")
+                    for r in p.rounds
+                )
+            )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="config/config.yaml", help="the experiment config (YAML)")
+    parser.add_argument("--variant", help="default: the config's first variant")
+    parser.add_argument("--profile", help="a calibrated profile (name or YAML); default: the sim variant's own")
+    parser.add_argument("--seeds", type=int, default=1, help="plan this many times (engine seeds 0..N-1)")
+    parser.add_argument(
+        "--server-start-s", type=float, default=0.0, help="seconds per server start (a real 8-GPU start: minutes)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    variant = args.variant or next(iter(config["variants"]))
+    if variant not in config["variants"]:
+        print(f"unknown variant {variant!r}; known: {', '.join(config['variants'])}", file=sys.stderr)
+        return 2
+    v = config["variants"][variant]
+    name = args.profile or (v.get("profile") if v["engine"] == "sim" else None)
+    if name is None:
+        print(f"variant {variant} runs {v['engine']}: pass --profile (a calibrated profile)", file=sys.stderr)
+        return 2
+    profile = load_profile(name)
+    adaptive = AdaptiveSettings.from_config(config)
+    spec_arms = [a for a, arm in config["arms"].items() if arm["speculative"]]
+    runs = []
+    for seed in range(args.seeds):
+        runs.append([plan_sweep(profile, config, variant, m, seed, args.server_start_s) for m in (None, adaptive)])
+    if args.json:
+        print(json.dumps([[p.as_dict() for p in pair] for pair in runs], indent=1))
+        return 0
+    kind = "ILLUSTRATIVE" if profile.illustrative else "calibrated"
+    print(
+        f"plan: variant {variant}, profile {profile.name} ({kind}), {SOURCE}; server start {args.server_start_s:g} s"
+        f"; adaptive target {adaptive.target_ratio:g}x, {adaptive.max_rounds} rounds, {adaptive.max_levels} levels"
+    )
+    for seed, pair in enumerate(runs):
+        print(f"seed {seed}:")
+        print(format_plan(pair, spec_arms))
+    if args.seeds > 1:
+        for a in spec_arms:
+            for i, mode in enumerate(("fixed", "adaptive")):
+                widths = [pair[i].width(a) for pair in runs]
+                known = [w for w in widths if w is not None]
+                mins = [pair[i].total_s / 60 for pair in runs]
+                shown = f"median {np.median(known):.2f}x, {min(known):.2f}-{max(known):.2f}x" if known else "open"
+                print(
+                    f"{a} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
+                    f"median {np.median(mins):.1f} min"
+                )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specsweep plan", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

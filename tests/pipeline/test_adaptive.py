@@ -1,0 +1,95 @@
+"""Adaptive levels through the DAG: checkpoint rounds add levels inside the crossover interval, each added level
+is an ordinary cell (measured in every arm, analysed, logged to the same MLflow sweep, `--forcerun`-able)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipeline.conftest import snakemake
+
+pytestmark = pytest.mark.pipeline
+
+# The demo profile's crossover lies near C=20 for this workload: between the two grid levels.
+CONFIG = {
+    "experiment": "ad",
+    "concurrency": [4, 64],
+    "workload": {
+        "input_tokens": 16,
+        "output_tokens": 32,
+        "requests": {"per_concurrency": 3, "floor": 8},
+        "warmup_requests": 0,
+    },
+    "client": {"idle_probe_s": 0.0},
+    "analysis": {"bootstrap_samples": 200},
+    "adaptive": {"enabled": True, "max_rounds": 2, "added_per_concurrency": 6},
+    "mlflow": {"tracking_uri": "sqlite:///results/mlflow.db"},
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {"sim": {"engine": "sim", "profile": "demo"}},
+}
+
+
+@pytest.fixture(scope="module")
+def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("adaptive")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    proc = snakemake(workdir, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
+
+
+def rounds(workdir: Path) -> list[dict]:
+    files = sorted((workdir / "results" / "ad" / "sim" / "adaptive").glob("round*.json"))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def test_rounds_add_levels_inside_the_interval(adaptive_run: Path) -> None:
+    done = rounds(adaptive_run)
+    assert done and done[0]["add"], done
+    added = sorted({c for r in done for c in r["add"]})
+    assert all(4 < c < 64 for c in added)
+    for r in done:  # each added level inside the interval the round saw
+        for c in r["add"]:
+            arm = r["arms"]["eagle3"]
+            assert (arm["lo"] or 4) <= c <= (arm["hi"] or 64), r
+    res = adaptive_run / "results" / "ad" / "sim"
+    for arm in ("baseline", "eagle3"):
+        for c in [4, 64, *added]:
+            assert (res / arm / f"c{c}" / "summary.json").is_file()
+    out = json.loads((res / "crossover.json").read_text())
+    assert out["arms"]["eagle3"]["levels"] == [4, *added, 64]
+    n = {
+        c: json.loads((res / "eagle3" / f"c{c}" / "summary.json").read_text())["workload"]["n_requests"] for c in added
+    }
+    assert all(v == 6 * c for c, v in n.items()), n  # added levels: adaptive.added_per_concurrency turnovers
+
+
+def test_added_levels_are_logged_to_the_same_sweep(adaptive_run: Path) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{adaptive_run / 'results' / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    runs = mlflow.search_runs(experiment_names=["ad"], filter_string="tags.`specsweep.kind` = 'sweep'")
+    added = sorted({c for r in rounds(adaptive_run) for c in r["add"]})
+    for run_id in runs["run_id"]:
+        steps = sorted(m.step for m in client.get_metric_history(run_id, "output_tok_s_steady"))
+        assert steps == sorted([4, 64, *added])
+
+
+def test_nothing_reruns_and_an_added_cell_reruns_alone(adaptive_run: Path, tmp_path: Path) -> None:
+    work = tmp_path / "exp"
+    shutil.copytree(adaptive_run, work, symlinks=True)
+    again = snakemake(work, "-n", "crossover")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
+    c = rounds(work)[0]["add"][0]
+    target = f"results/ad/sim/eagle3/c{c}/summary.json"
+    proc = snakemake(work, "-n", "crossover", "--forcerun", target)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    cells = re.findall(r"^rule cell:\n(?:    .*\n)*?    output: ([^,\n]+)", text, flags=re.M)
+    assert cells == [f"results/ad/sim/eagle3/c{c}/requests.parquet"], cells

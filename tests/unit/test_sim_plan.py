@@ -1,0 +1,66 @@
+"""`specsweep plan`: the fixed and adaptive sweeps of a config in virtual time, with their cost and answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specsweep.analysis.adaptive import AdaptiveSettings
+from specsweep.cli import main
+from specsweep.config import load, requests_for
+from specsweep.sim.plan import plan_sweep
+from specsweep.sim.profile import load_profile
+
+pytestmark = pytest.mark.unit
+
+CONFIG = {
+    "experiment": "plan",
+    "concurrency": [4, 64],
+    "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 3, "floor": 8}},
+    "analysis": {"bootstrap_samples": 200},
+    "adaptive": {"enabled": True, "max_rounds": 2, "added_per_concurrency": 6},
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {"sim": {"engine": "sim", "profile": "demo"}},
+}
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def test_fixed_and_adaptive_plans(config_file: Path) -> None:
+    config, profile = load(config_file), load_profile("demo")
+    fixed = plan_sweep(profile, config, "sim", None, seed=0, server_start_s=60.0)
+    assert fixed.levels == [4, 64] and fixed.server_starts == {"baseline": 1, "eagle3": 1}
+    assert fixed.requests == {4: 12, 64: 192}  # the grid's own counts: adaptive settings off
+    assert all(s > 60.0 for s in fixed.measure_s.values())  # a start plus the levels
+    adaptive = plan_sweep(profile, config, "sim", AdaptiveSettings.from_config(config), seed=0, server_start_s=60.0)
+    added = sorted(set(adaptive.levels) - {4, 64})
+    assert added and all(4 < c < 64 for c in added)
+    assert all(adaptive.requests[c] == requests_for(config, c) == 6 * c for c in added)
+    assert adaptive.server_starts["eagle3"] == 1 + len(adaptive.rounds) - (adaptive.rounds[-1]["stop"] is not None)
+    assert adaptive.total_s > fixed.total_s
+    # the added levels narrow the interval: closed where the grid left it open or wider
+    w_fixed, w_adaptive = fixed.width("eagle3"), adaptive.width("eagle3")
+    assert w_adaptive is not None and (w_fixed is None or w_adaptive < w_fixed)
+
+
+def test_plan_command_prints_json(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(config_file), "--json"]) == 0
+    (pair,) = json.loads(capsys.readouterr().out)
+    assert [p["mode"] for p in pair] == ["fixed", "adaptive"]
+    assert pair[1]["crossover"]["eagle3"]["width"] is not None
+
+
+def test_plan_needs_a_profile_for_a_real_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = {**CONFIG, "variants": {"gpu": {"engine": "vllm", "model": "/models/m"}}}
+    path = tmp_path / "real.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", "--config", str(path)]) == 2
+    assert "pass --profile" in capsys.readouterr().err

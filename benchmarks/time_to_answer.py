@@ -6,7 +6,8 @@ the calibrated Kimi profiles on the Kimi example config, with `--server-start-s`
 GPU time read from the cells (`level_s` + waiting for the server, every arm; analysis and MLflow excluded).
 
 Modes: `fixed` (the config's grid, adaptive off), `adaptive` (the config's grid, then refinement rounds: the
-default config's setting), `coarse` (a coarser grid, 1, 3, 10, 30, 100, 250, then refinement).
+default config's setting), `coarse` (a coarser, shorter grid: 1, 3, 10, 30, 100, 250 at 3 turnovers per slot
+where the config has more, then the same refinement).
 Width: hi - lo of the crossover interval (absolute, in C) and hi/lo; open intervals have no width.
 
     python benchmarks/time_to_answer.py --seeds 5 --real-runs 2
@@ -49,6 +50,8 @@ def modes(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     fixed["adaptive"]["enabled"] = False
     on_grid = {**copy.deepcopy(config), "adaptive": adaptive}
     coarse = {**copy.deepcopy(on_grid), "concurrency": COARSE}
+    per_c = config["workload"]["requests"]["per_concurrency"]
+    coarse["adaptive"]["grid_per_concurrency"] = min(3, per_c)  # far from the crossover a rough figure is enough
     return {"fixed": fixed, "adaptive": on_grid, "coarse": coarse}
 
 
@@ -94,10 +97,12 @@ def virtual(config: dict[str, Any], profile_name: str, variant: str, seeds: int,
         print(f"            levels (seed 0): {', '.join(map(str, plans[0].levels))}")
 
 
-def real(config: dict[str, Any], runs: int) -> None:
+def real(config: dict[str, Any], runs: int, only: list[str] | None = None) -> None:
     print(f"\ndemo, real time through the pipeline (sim engine on this machine), {runs} run(s) per mode")
     ref: dict[str, float] = {}
     for name, cfg in modes(config).items():
+        if only and name not in only and name != "fixed":
+            continue
         widths, ratios, minutes, walls = [], [], [], []
         for seed in range(runs):
             c = copy.deepcopy(cfg)
@@ -148,14 +153,17 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5, help="engine seeds per mode in virtual time")
     parser.add_argument("--real-runs", type=int, default=0, help="pipeline runs per mode on the demo profile")
     parser.add_argument("--server-start-s", type=float, default=180.0, help="per server start on the Kimi box")
+    parser.add_argument("--modes", nargs="+", help="real runs of these modes only (fixed always runs: the reference)")
+    parser.add_argument("--no-virtual", action="store_true", help="skip the virtual-time part")
     args = parser.parse_args()
     default = load(REPO / "config" / "config.yaml")
-    virtual(default, "demo", "sim", args.seeds, 0.0)
-    kimi = validate(yaml.safe_load((REPO / "config" / "examples" / "kimi-k25-8gpu.yaml").read_text()))
-    for name in KIMI_PROFILES:
-        virtual(kimi, name, "cu128", args.seeds, args.server_start_s)
+    if not args.no_virtual:
+        virtual(default, "demo", "sim", args.seeds, 0.0)
+        kimi = validate(yaml.safe_load((REPO / "config" / "examples" / "kimi-k25-8gpu.yaml").read_text()))
+        for name in KIMI_PROFILES:
+            virtual(kimi, name, "cu128", args.seeds, args.server_start_s)
     if args.real_runs:
-        real(default, args.real_runs)
+        real(default, args.real_runs, args.modes)
     return 0
 
 

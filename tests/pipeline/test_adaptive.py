@@ -93,3 +93,32 @@ def test_nothing_reruns_and_an_added_cell_reruns_alone(adaptive_run: Path, tmp_p
     assert proc.returncode == 0, text[-3000:]
     cells = re.findall(r"^rule cell:\n(?:    .*\n)*?    output: ([^,\n]+)", text, flags=re.M)
     assert cells == [f"results/ad/sim/eagle3/c{c}/requests.parquet"], cells
+
+
+def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, tmp_path: Path) -> None:
+    """A round decided what to measure: editing gates, SLOs or analysis settings re-judges the cells in the
+    analysis and MLflow jobs; the rounds' jobs rerun but keep their decisions, and no cell is measured."""
+    work = tmp_path / "exp"
+    shutil.copytree(adaptive_run, work, symlinks=True)
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["slo"] = {"tpot_ms": 50}
+    cfg["gates"] = {"max_client_cpu_share": 0.7}
+    cfg["analysis"]["bootstrap_samples"] = 300
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    plan = snakemake(work, "-n", "crossover")
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", text.split("Job stats:")[1].split("Reasons")[0], flags=re.M))
+    jobs.pop("job", None)
+    assert set(jobs) == {"refine", "crossover_variant", "track_sweep", "track_crossover", "crossover", "total"}, jobs
+    before = {p: p.stat().st_mtime_ns for p in (work / "results" / "ad" / "sim").rglob("*") if p.is_file()}
+    proc = snakemake(work, "crossover")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    cells = [p for p in before if p.name in ("summary.json", "requests.parquet")]
+    assert cells and all(p.stat().st_mtime_ns == before[p] for p in cells)  # nothing measured
+    assert {p.name for p in (work / "results" / "ad" / "sim").glob("*/c*")} == {p.parent.name for p in cells}
+    assert [r["add"] for r in rounds(work)] == [r["add"] for r in rounds(adaptive_run)]  # decisions kept
+    log = (work / "results" / "ad" / "logs" / "adaptive" / "sim.round1.log").read_text()
+    assert "decision kept" in log
+    out = json.loads((work / "results" / "ad" / "sim" / "crossover.json").read_text())
+    assert out["bootstrap"]["replicates"] == 300 and out["slo"] == {"tpot_s": 0.05}

@@ -17,7 +17,9 @@ checkpoint refine:
     conda:
         "../envs/specsweep.yaml"
     params:
-        config=refine_json,
+        adaptive=refine_json,
+        judging=variant_analysis_json,
     shell:
-        "python -m specsweep refine --variant {wildcards.variant} --round {wildcards.round} --config {params.config:q}"
-        " --summaries {input.summaries} --out {output} > {log} 2>&1"
+        "python -m specsweep refine --variant {wildcards.variant} --round {wildcards.round}"
+        " --adaptive {params.adaptive:q} --judging {params.judging:q} --summaries {input.summaries} --out {output}"
+        " > {log} 2>&1"

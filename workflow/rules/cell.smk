@@ -21,10 +21,10 @@ rule cell:
     wildcard_constraints:
         c=r"\d+",
     priority: cell_priority
-    resources:
-        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
     conda:
         "../envs/specsweep.yaml"
+    resources:
+        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
     params:
         spec=cell_spec_json,
         out_dir=lambda w: RES / w.variant / w.arm / f"c{w.c}",

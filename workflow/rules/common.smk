@@ -101,8 +101,10 @@ def variant_analysis_json(wildcards):
 
 
 def refine_json(wildcards):
-    """What a refinement round reads: the variant's analysis settings and the adaptive ones."""
-    return dumps({**analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]), "adaptive": ADAPTIVE})
+    """What a refinement round's decision depends on (a param: changing it re-decides the round)."""
+    known("variant", wildcards.variant, VARIANTS)
+    return dumps({"adaptive": ADAPTIVE, "concurrency": LEVELS, "arms": config["arms"]})
+
 
 
 def recipe_input(wildcards):

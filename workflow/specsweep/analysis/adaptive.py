@@ -5,13 +5,18 @@ matters. Adaptive levels measure the configured grid first, then add levels insi
 crossover interval, round after round, until every interval is narrower than `adaptive.target_ratio` (hi/lo),
 levels there are already dense, or a budget (added levels, measuring time) is spent. Each round is a Snakemake
 checkpoint (`specsweep refine`, workflow/rules/adaptive.smk) whose output lists the levels; `specsweep plan`
-runs the same `next_levels` on a virtual-time sweep. Levels are only added inside the measured range: an
+runs the same `next_levels` on a virtual-time sweep. A finished round is a decision about what to measure: it
+is kept while its cells and its adaptive settings are unchanged (`decision_key`, stored beside the round's
+output), so that editing a gate, an SLO or an analysis setting, which reruns the round's job, never makes it
+pick other levels and measure new cells. Levels are only added inside the measured range: an
 interval open beyond it asks for a wider grid, which is the user's call.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.config import defaults, load_arg
-from specsweep.io import atomic_write_json
+from specsweep.io import atomic_write_json, read_json
 
 __all__ = ["AdaptiveSettings", "interior_levels", "measuring_seconds", "next_levels"]
 
@@ -139,9 +144,23 @@ def measuring_seconds(summaries: Sequence[dict[str, Any]]) -> float:
     return total
 
 
+def decision_key(decision: dict[str, Any], round_: int, summaries: Sequence[Path]) -> str:
+    """What a round's decision depends on: its adaptive settings, its round, and the bytes of every cell it
+    judged. The same key means the same decision, whatever the gates, SLOs or analysis settings now say."""
+    h = hashlib.sha256(json.dumps([decision, round_], sort_keys=True).encode())
+    for path in sorted(Path(p) for p in summaries):
+        h.update(str(path).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:20]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", required=True)
-    parser.add_argument("--config", required=True, help="the variant's analysis config (inline JSON or a file)")
+    parser.add_argument(
+        "--adaptive", required=True, help="the decision's settings: adaptive, concurrency (grid), arms (JSON)"
+    )
+    parser.add_argument(
+        "--judging", required=True, help="how cells are judged: gates, slo, analysis, arms, variants (JSON)"
+    )
     parser.add_argument("--round", type=int, required=True, help="the refinement round (1, 2, ...)")
     parser.add_argument("--summaries", type=Path, nargs="+", required=True, help="every cell measured so far")
     parser.add_argument("--out", type=Path, required=True, help="the round's levels JSON")
@@ -150,13 +169,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from specsweep.analysis.cli import analyze_cells
 
-    config = load_arg(args.config)
-    settings = AdaptiveSettings.from_config(config)
+    decision, config = load_arg(args.adaptive), load_arg(args.judging)
+    key = decision_key(decision, args.round, args.summaries)
+    kept = args.out.parent / ".decisions" / f"round{args.round}-{key}.json"
+    if kept.is_file():  # decided before on the same cells and settings: keep it (module docstring)
+        plan = read_json(kept)
+        atomic_write_json(args.out, plan)
+        print(f"{args.variant} round {args.round}: decision kept (same cells and adaptive settings): {plan['add']}")
+        return 0
+    settings = AdaptiveSettings.from_config(decision)
     result, cells = analyze_cells(config, args.variant, summaries=args.summaries)
     measured = sorted({c for by_level in cells.values() for c in by_level})
     spent = measuring_seconds([cell.summary for by_level in cells.values() for cell in by_level.values()])
-    plan = next_levels(result, measured, config.get("concurrency") or [], settings, spent)
-    plan.update(variant=args.variant, round=args.round, measured=[int(c) for c in measured])
+    plan = next_levels(result, measured, decision.get("concurrency") or [], settings, spent)
+    plan.update(
+        variant=args.variant,
+        round=args.round,
+        measured=[int(c) for c in measured],
+        judged_with={k: config.get(k) for k in ("gates", "slo", "analysis")},
+        decision_key=key,
+    )
+    atomic_write_json(kept, plan)
     atomic_write_json(args.out, plan)
     what = f"adding C={', '.join(map(str, plan['add']))}" if plan["add"] else f"no level added: {plan['stop']}"
     print(f"{args.variant} round {args.round}: measured C={', '.join(map(str, plan['measured']))}; {what}")

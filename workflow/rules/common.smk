@@ -106,7 +106,6 @@ def refine_json(wildcards):
     return dumps({"adaptive": ADAPTIVE, "concurrency": LEVELS, "arms": config["arms"]})
 
 
-
 def recipe_input(wildcards):
     """The variant's environment recipe as an input of its env job: editing the file reruns the stack's jobs."""
     v = config["variants"][known("variant", wildcards.variant, VARIANTS)]

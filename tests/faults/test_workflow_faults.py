@@ -190,3 +190,25 @@ def test_fake_api_key_found_in_no_output(workdir: Path, monkeypatch: pytest.Monk
     leaks = [p for p in workdir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaks, leaks
     servers_gone_within(workdir, 30)
+
+
+def test_corrupted_outputs_are_caught(workdir: Path) -> None:
+    """A speculative arm that generates other text (here: one word replaced for 30% of prompts) is reported
+    per level with the share that matches the baseline and where they first differ, and flagged."""
+    sim = {
+        "engine": "sim",
+        "profile": "demo",
+        "arm_server_args": {"eagle3": ["--fault-corrupt-output-fraction", "0.3"]},
+    }
+    write_config(workdir, variants={"sim": sim})
+    proc = run(workdir, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = json.loads((workdir / "results" / "wf" / "sim" / "crossover.json").read_text())
+    ar = out["arms"]["eagle3"]
+    for row in ar["per_level"]:
+        m = row["output_match"]
+        assert 0.3 <= 1 - m["share"] <= 0.7 and m["differ"] >= 1, m  # ~30% of the prompts, few per level
+        assert "CORRUPTED" in m["example"]["spec"] and "CORRUPTED" not in m["example"]["baseline"]
+        assert m["first_difference"]["char"] > 0
+    assert any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+    assert "OUTPUTS DIFFER" in proc.stdout and "same output" in proc.stdout

@@ -71,6 +71,9 @@ def test_fingerprint_written(run_dir: Path) -> None:
 def test_crossover_and_final_print(run_dir: Path) -> None:
     out = json.loads((run_dir / "results" / EXP / "sim" / "crossover.json").read_text())
     assert out["arms"]["eagle3"]["levels"] == list(LEVELS)
+    for row in out["arms"]["eagle3"]["per_level"]:  # speculation is lossless on the simulated engine
+        match = row["output_match"]
+        assert match["share"] == 1.0 and match["compared"] >= row["spec_n_requests"], row
     assert (run_dir / "results" / EXP / "sim" / "plots" / "speedup.png").stat().st_size > 0
     assert (run_dir / "results" / EXP / "sim" / "policy.yaml").exists()
     text = (run_dir / "first_run.log").read_text()

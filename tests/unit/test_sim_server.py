@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from specsweep.sim.profile import load_profile
-from specsweep.sim.server import SimServer
+from specsweep.sim.server import SimServer, output_words
 
 pytestmark = pytest.mark.unit
 
@@ -113,7 +113,8 @@ def test_generate_non_stream_and_input_ids():
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 7}}
         out = await (await c.post("/generate", json=body)).json()
         assert out["meta_info"]["completion_tokens"] == 7 and out["meta_info"]["prompt_tokens"] == 3
-        assert out["text"].split() == [f"tok{i}" for i in range(7)]
+        assert out["text"] == "".join(output_words(["1", "2", "3"], 7))  # the prompt's own output
+        assert len(out["text"].split()) == 7
         assert "spec_verify_ct" not in out["meta_info"]
 
     with_client(go)
@@ -161,7 +162,7 @@ def test_openai_chat_stream_and_non_stream():
         assert "usage" not in content[0]  # continuous usage only when asked
         assert len("".join(o["choices"][0]["delta"]["content"] for o in content).split()) == 5
         out = await (await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4})).json()
-        assert out["choices"][0]["message"]["content"].split() == ["tok0", "tok1", "tok2", "tok3"]
+        assert len(out["choices"][0]["message"]["content"].split()) == 4
         assert out["usage"]["completion_tokens"] == 4
         out = await (await c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})).json()
         assert out["usage"] == {

@@ -26,6 +26,7 @@ from specsweep.analysis.bootstrap import (
 )
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
+from specsweep.analysis.outputs import output_match
 from specsweep.config import defaults
 
 __all__ = [
@@ -88,6 +89,7 @@ class AnalysisSettings:
     policy_rule: str = _DEFAULTS["policy_rule"]  # "crossover_lower" or "level_lower_bound"
     slo: dict[str, float] | None = None  # seconds: ttft_s, tpot_s, e2e_s
     max_crossover_ratio: float = _DEFAULTS["max_crossover_ratio"]  # a wider crossover interval is inconclusive
+    min_output_match: float = _DEFAULTS["min_output_match"]  # flag a speculative cell whose outputs differ more
     levels: list[float] | None = None  # the configured levels (config `concurrency`): what should exist
     gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
     slo_ms: dict[str, float] = field(default_factory=dict)  # the config's `slo:` as given (ms), for judging cells
@@ -107,6 +109,7 @@ class AnalysisSettings:
         s.slo_ms = {k: float(v) for k, v in (config.get("slo") or {}).items() if v is not None}
         s.gates = {**defaults("gates"), **(config.get("gates") or {})}
         s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
+        s.min_output_match = float(a.get("min_output_match", s.min_output_match))
         if config.get("concurrency"):
             s.levels = sorted(float(c) for c in config["concurrency"])
         if s.primary_metric not in {m.name for m in METRICS}:
@@ -520,6 +523,8 @@ def analyze_arm(
             if not cell.valid:
                 invalid.append(_cell_entry(cell, settings.include_invalid))
                 usable = usable and settings.include_invalid
+        if c in base_cells and c in spec_cells:
+            row["output_match"] = output_match(base_cells[c].outputs, spec_cells[c].outputs)
         row["used"] = usable
         per_level.append(row)
         if usable:
@@ -566,6 +571,18 @@ def analyze_arm(
     verdict = decide_verdict(
         prim["crossover"], used, configured, bad, settings.max_crossover_ratio, upward, no_interval
     )
+    differ = [r for r in per_level if (r.get("output_match") or {}).get("share", 1.0) < settings.min_output_match]
+    if differ:
+        worst = min(differ, key=lambda r: r["output_match"]["share"])
+        fd = worst["output_match"]["first_difference"] or {}
+        verdict["notes"].append(
+            f"OUTPUTS DIFFER at C={levels_text([r['concurrency'] for r in differ])}: only "
+            f"{worst['output_match']['share']:.0%} of {spec_arm}'s outputs equal {baseline_arm}'s at "
+            f"C={worst['concurrency']:g} (first difference at character {fd.get('char')}; "
+            f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text "
+            "is not the same service; check the draft and verify path"
+        )
+    shares = [r["output_match"]["share"] for r in per_level if r.get("output_match")]
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
     if included_invalid:
         verdict["notes"].append(f"C={levels_text(included_invalid)} invalid but included (include_invalid)")
@@ -602,6 +619,7 @@ def analyze_arm(
         "crossings": prim["crossings"],
         "monotone": prim["monotone"],
         "winner": prim["winner"],
+        "output_match_min": min(shares) if shares else None,
         "smallest_margin": prim["smallest_margin"],
         "verdict": verdict,
         "metrics": metrics,

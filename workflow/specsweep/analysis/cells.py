@@ -115,6 +115,7 @@ class Cell:
     summary: dict[str, Any]
     requests: RequestArrays | None = None
     notes: list[str] = field(default_factory=list)
+    outputs: Any = None  # per request: repeat, prompt_index, output hash and head (`analysis.outputs`)
 
     @property
     def key(self) -> str:
@@ -416,6 +417,10 @@ def load_cell(
         cell.notes.extend(summary["validity"]["reasons"])
     else:
         cell.requests = request_arrays(df, int(round(cell.concurrency)), summary_windows(summary) or None)
+        if "output_sha256" in df:
+            from specsweep.analysis.outputs import OUTPUT_COLUMNS
+
+            cell.outputs = df[list(OUTPUT_COLUMNS)]
     return cell
 
 

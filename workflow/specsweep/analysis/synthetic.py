@@ -73,6 +73,8 @@ def _row(
         "expected_output_tokens": tokens,
         "spec_verify_ct": -1,
         "cached_tokens": 0,
+        "output_sha256": "",
+        "output_prefix": "",
         "ok": True,
         "error_kind": "",
         "error": "",

@@ -89,6 +89,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "speedup_lo": r.get("speedup_lo"),
                     "speedup_hi": r.get("speedup_hi"),
                     "used": r["used"],
+                    "same_output": (r.get("output_match") or {}).get("share"),
                     "valid": valid,
                 }
             )
@@ -96,7 +97,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The compact table (C | baseline tok/s | spec tok/s | speedup [95% CI] | valid) and crossover line."""
+    """The compact table (C | baseline tok/s | spec tok/s | speedup [95% CI] | same output | valid) and the
+    crossover line; "same output" is the share of the speculative cell's outputs equal to the baseline's."""
     lines = []
     conf = int(round(100 * result["bootstrap"]["confidence"]))
     for name, ar in result["arms"].items():
@@ -104,12 +106,16 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result.get('experiment')}/{result.get('variant')}: {name} vs {ar['baseline_arm']} "
             f"({result.get('source')}; metric {ar['primary_metric']})"
         )
-        lines.append(f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | valid")
+        lines.append(
+            f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | "
+            "same output | valid"
+        )
         for r in (r for r in table_rows(result) if r["arm"] == name):
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
+            same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%"
             lines.append(
                 f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
-                f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24} | {r['valid']}"
+                f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24} | {same:>11} | {r['valid']}"
             )
         lines.append(_crossover_line(name, ar))
         if ar.get("interval_note"):
@@ -132,6 +138,7 @@ def table_csv(result: dict[str, Any]) -> str:
         "speedup_lo",
         "speedup_hi",
         "used",
+        "same_output",
         "valid",
     ]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")

@@ -12,6 +12,7 @@ Times are absolute `time.monotonic()` seconds here; the load generator makes the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from dataclasses import dataclass, field
 from time import monotonic
@@ -48,6 +49,8 @@ class RequestRecord:
     server_output_tokens: int = -1
     spec_verify_ct: int = -1
     cached_tokens: int = -1  # prompt tokens served from the engine's prefix cache (-1: not reported)
+    output_sha256: str = ""  # of the generated text: speculative arms must generate what the baseline does
+    output_prefix: str = ""  # its first OUTPUT_PREFIX_CHARS characters, to show where outputs differ
     ok: bool = False
     error_kind: str = ""
     error: str = ""
@@ -243,19 +246,30 @@ def record_chunk(rec: RequestRecord, now: float, n_tokens: int, obj: dict[str, A
         rec.server_chunk_s.append(sent)
 
 
+OUTPUT_PREFIX_CHARS = 256
+
+
+def record_output(rec: RequestRecord, text: str) -> None:
+    """The generated text's hash and head (the text itself is not kept: hashes compare arms cheaply)."""
+    rec.output_sha256 = hashlib.sha256(text.encode()).hexdigest()
+    rec.output_prefix = text[:OUTPUT_PREFIX_CHARS]
+
+
 class _SSEParser:
     """SSE framing shared by both APIs: `data:` lines, `data: [DONE]`, and the checks at the stream's end.
 
-    Subclasses parse one data payload in `_data` and fill the record's totals in `_totals`.
+    Subclasses parse one data payload in `_data` and fill the record's totals in `_totals`; `pieces` collects
+    the generated text.
     """
 
-    __slots__ = ("rec", "prev", "finished", "done")
+    __slots__ = ("rec", "prev", "finished", "done", "pieces")
 
     def __init__(self, rec: RequestRecord) -> None:
         self.rec = rec
         self.prev = 0  # tokens counted so far
         self.finished = False  # a finish_reason was seen
         self.done = False  # data: [DONE] was seen
+        self.pieces: list[str] = []
 
     def feed(self, now: float, line: bytes) -> None:
         if not line.startswith(b"data:"):
@@ -305,6 +319,14 @@ class SGLangParser(_SSEParser):
         except (ValueError, KeyError, TypeError) as e:
             raise _bad_line(payload, e) from None
         self.meta = meta
+        text = obj.get("text")
+        if isinstance(text, str) and text:
+            # cumulative text (SGLang's default) replaces; incremental streaming output appends
+            last = self.pieces[-1] if self.pieces else ""
+            if text.startswith(last):
+                self.pieces[-1:] = [text]
+            else:
+                self.pieces.append(text)
         if n > 0:
             record_chunk(self.rec, now, n, obj)
             self.prev = ct
@@ -313,6 +335,7 @@ class SGLangParser(_SSEParser):
 
     def _totals(self) -> None:
         rec, meta = self.rec, self.meta
+        record_output(rec, "".join(self.pieces))
         rec.output_tokens = self.prev
         rec.server_output_tokens = int(meta.get("completion_tokens", self.prev))
         if "prompt_tokens" in meta:
@@ -356,6 +379,8 @@ class OpenAIParser(_SSEParser):
             if usage:
                 self.final_usage = usage
             return
+        if text:
+            self.pieces.append(text)
         if usage:
             self.usage_seen = True
             self.final_usage = usage
@@ -373,6 +398,7 @@ class OpenAIParser(_SSEParser):
 
     def _totals(self) -> None:
         rec = self.rec
+        record_output(rec, "".join(self.pieces))
         usage = self.final_usage
         if usage is not None:
             server_ct = int(usage.get("completion_tokens", -1))

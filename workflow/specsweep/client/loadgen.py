@@ -49,6 +49,8 @@ RECORD_SCHEMA = pa.schema(
         ("expected_output_tokens", pa.int64()),
         ("spec_verify_ct", pa.int64()),
         ("cached_tokens", pa.int64()),
+        ("output_sha256", pa.string()),
+        ("output_prefix", pa.string()),
         ("ok", pa.bool_()),
         ("error_kind", pa.string()),
         ("error", pa.string()),

@@ -20,6 +20,7 @@ class FaultConfig:
     malformed_after_tokens: int | None = None  # write one non-JSON `data:` line on one stream
     truncate_after_tokens: int | None = None  # end one stream without finish_reason / [DONE]
     slow_start_s: float = 0.0  # health answers 503 this long after start
+    corrupt_output_fraction: float = 0.0  # this share of prompts (chosen by prompt hash) get one wrong output word
 
     def active(self) -> dict[str, float | int]:
         return {k: v for k, v in asdict(self).items() if v not in (None, 0, 0.0)}
@@ -59,6 +60,11 @@ class FaultState:
             return 0.0
         self.stalled = True
         return self.config.stall_s
+
+    def corrupts(self, prompt_hash: int) -> bool:
+        """Whether this prompt's output is corrupted: by its hash, so the same prompts in every run."""
+        f = self.config.corrupt_output_fraction
+        return f > 0 and (prompt_hash % 10_000) < f * 10_000
 
     def should_crash(self, tokens_emitted: int) -> bool:
         n = self.config.crash_after_tokens
@@ -110,11 +116,20 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="health endpoints answer 503 for S seconds after start",
     )
+    g.add_argument(
+        "--fault-corrupt-output-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="replace one output word for this share of prompts (a broken draft path: faster, different text)",
+    )
 
 
 def faults_from_args(args: argparse.Namespace) -> FaultConfig:
     if not 0.0 <= args.fault_http_error_fraction <= 1.0:
         raise SystemExit("--fault-http-error-fraction must be in [0, 1]")
+    if not 0.0 <= args.fault_corrupt_output_fraction <= 1.0:
+        raise SystemExit("--fault-corrupt-output-fraction must be in [0, 1]")
     return FaultConfig(
         crash_after_tokens=args.fault_crash_after_tokens,
         http_error_fraction=args.fault_http_error_fraction,
@@ -123,4 +138,5 @@ def faults_from_args(args: argparse.Namespace) -> FaultConfig:
         malformed_after_tokens=args.fault_malformed_after_tokens,
         truncate_after_tokens=args.fault_truncate_after_tokens,
         slow_start_s=args.fault_slow_start_s,
+        corrupt_output_fraction=args.fault_corrupt_output_fraction,
     )

@@ -303,6 +303,8 @@ def level_records(level: VirtualLevel) -> Any:
                 "expected_output_tokens": r.max_new_tokens,
                 "spec_verify_ct": r.verify_ct if r.rng is not None else -1,
                 "cached_tokens": 0,
+                "output_sha256": "",
+                "output_prefix": "",
                 "ok": True,
                 "error_kind": "",
                 "error": "",

@@ -29,15 +29,21 @@ from specsweep.sim.profile import Profile, load_profile
 
 SIM_VERSION = "0.1.0-sim"
 LAG_RESET_S = 0.05  # behind schedule by more than this: restart the schedule instead of bursting to catch up
-_WORDS: list[str] = []
 
 
-def _words(n: int) -> list[str]:
-    """Token words: 'tok0', ' tok1', ' tok2', ...: whitespace splitting gives one word per token."""
-    while len(_WORDS) < n:
-        i = len(_WORDS)
-        _WORDS.append(f"tok{i}" if i == 0 else f" tok{i}")
-    return _WORDS
+def prompt_hash(tokens: list[str]) -> int:
+    return zlib.crc32(" ".join(tokens).encode())
+
+
+def output_words(tokens: list[str], n: int, corrupt: bool = False) -> list[str]:
+    """The output for a prompt: n words determined by the prompt alone, the same in every arm and run (greedy
+    decoding is deterministic, and speculative decoding must not change it); whitespace splitting gives one
+    word per token. `corrupt` replaces the middle word, as a broken draft or verify path would."""
+    h = prompt_hash(tokens)
+    words = [f"{'' if i == 0 else ' '}w{(h + 7919 * i) % 99_991}" for i in range(n)]
+    if corrupt and n:
+        words[n // 2] = ("" if n // 2 == 0 else " ") + "CORRUPTED"
+    return words
 
 
 def count_tokens(text: str) -> int:
@@ -394,7 +400,7 @@ class SimServer:
         stream = self._submit(tokens, max_new)
         cached = stream.cached
         rid = f"{stream.req.rid:032x}"
-        words = _words(max_new)
+        words = output_words(tokens, max_new, self.fault_state.corrupts(prompt_hash(tokens)))
 
         def obj(pos: int, finished: bool) -> dict[str, Any]:
             meta: dict[str, Any] = {
@@ -442,7 +448,7 @@ class SimServer:
             return err
         stream = self._submit(tokens, max_new)
         cached = stream.cached
-        words = _words(max_new)
+        words = output_words(tokens, max_new, self.fault_state.corrupts(prompt_hash(tokens)))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"

@@ -219,6 +219,18 @@ def test_verdict_is_one_every_repeat_agrees_with(run_dir: Path) -> None:
     assert policy["arms"][SPEC_ARM]["threshold"] == threshold
 
 
+def test_speculation_generates_what_the_baseline_generates(run_dir: Path) -> None:
+    """Greedy ngram speculation is lossless: every level's outputs, prompt by prompt, equal the baseline's
+    (flagged below analysis.min_output_match; measured: 100% at every level)."""
+    out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
+    ar = out["arms"][SPEC_ARM]
+    for row in ar["per_level"]:
+        m = row["output_match"]
+        assert m is not None and m["compared"] >= row["spec_n_requests"], row
+        assert m["share"] >= 0.9, m
+    assert not any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+
+
 def test_accept_length_matches_vllm_counters(run_dir: Path) -> None:
     for c in LEVELS:
         m = summary(run_dir, SPEC_ARM, c)["metrics"]

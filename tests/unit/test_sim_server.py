@@ -243,3 +243,32 @@ def test_max_running_requests_flag_caps_the_batch():
         assert info["max_running_requests"] == 2
 
     with_client(go, max_running_requests=2)
+
+
+def test_speculation_schedule_is_served_and_reported():
+    async def go(c: TestClient, sim: SimServer):
+        info = await (await c.get("/server_info")).json()
+        assert info["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 1024, 0]]
+        body = {"text": "a b c", "sampling_params": {"max_new_tokens": 6}}
+        out = await (await c.post("/generate", json=body)).json()  # alone: batch 1, drafting on
+        assert out["meta_info"]["spec_verify_ct"] < 6
+
+    with_client(go, speculative=True, schedule=[(1, 2, 3), (3, 1024, 0)])
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--spec-schedule", "[[1, 4, 3]]"], "needs --speculative"),
+        (["--speculative", "--spec-schedule", "[[4, 1, 3]]"], "1 <= start <= end"),
+    ],
+)
+def test_bad_speculation_schedule_stops_the_server(argv: list[str], why: str) -> None:
+    import argparse
+
+    from specsweep.sim import server as sim_server
+
+    parser = argparse.ArgumentParser()
+    sim_server.add_arguments(parser)
+    with pytest.raises(SystemExit, match=why):
+        sim_server.run(parser.parse_args(argv))

@@ -42,12 +42,14 @@ def step_time(
     prefill_tokens: int,
     n_decode: int,
     context_tokens: int = 0,
+    draft_tokens: int | None = None,
 ) -> float:
     """Seconds one engine step takes (formula and units in docs/sim.md).
 
     n_seqs: sequences in the step; decode_tokens: decode (1 each) or verify (k+1 each) tokens;
     prefill_tokens: prompt tokens of this step's prefill chunk; n_decode: sequences decoding or verifying;
-    context_tokens: summed context length (prompt + generated) of the decoding sequences (attention KV reads).
+    context_tokens: summed context length (prompt + generated) of the decoding sequences (attention KV reads);
+    draft_tokens: this step's draft length k (default: the profile's).
     """
     if n_seqs == 0:
         return 0.0
@@ -63,8 +65,42 @@ def step_time(
         t += c.expert_read_s * (1.0 - untouched)
     if speculative and n_decode > 0:
         s = profile.speculative
-        t += s.draft_tokens * (s.draft_step_s + s.draft_per_seq_s * n_decode)
+        k = s.draft_tokens if draft_tokens is None else draft_tokens
+        t += k * (s.draft_step_s + s.draft_per_seq_s * n_decode)
     return t
+
+
+Schedule = list[tuple[int, int, int]]
+
+
+def parse_schedule(value: object) -> Schedule:
+    """vLLM's `num_speculative_tokens_per_batch_size`: [[start, end, K], ...], inclusive ranges of running
+    requests, K >= 0 draft tokens (0: drafting off). Raises ValueError naming the bad entry."""
+    if isinstance(value, str):
+        import json
+
+        value = json.loads(value)
+    if not isinstance(value, list) or not value:
+        raise ValueError("a speculation schedule is a non-empty list of [start, end, K] (inclusive batch sizes)")
+    out: Schedule = []
+    for entry in value:
+        if not (isinstance(entry, list | tuple) and len(entry) == 3 and all(isinstance(x, int) for x in entry)):
+            raise ValueError(f"schedule entry {entry!r}: expected [start, end, K] integers")
+        start, end, k = entry
+        if not (1 <= start <= end and k >= 0):
+            raise ValueError(f"schedule entry {entry!r}: need 1 <= start <= end and K >= 0")
+        if out and start <= out[-1][1]:
+            raise ValueError(f"schedule entry {entry!r} overlaps the one before; list ranges in order")
+        out.append((start, end, k))
+    return out
+
+
+def scheduled_k(schedule: Schedule, batch: int, default: int) -> int:
+    """K for a step with `batch` running requests; `default` (the arm's K) where no range covers it."""
+    for start, end, k in schedule:
+        if start <= batch <= end:
+            return k
+    return default
 
 
 @dataclass(eq=False)
@@ -82,6 +118,8 @@ class SimRequest:
     first_token_at: float = math.nan
     finished_at: float = math.nan
     aborted: bool = False
+    draft_lag: int = 0  # tokens generated while drafting was off: the draft model's KV cache is behind by these
+    plain_tokens: int = 0  # tokens a speculative engine decoded without drafting (its schedule's K = 0)
     rng: random.Random | None = field(default=None, repr=False)
     tag: object = field(default=None, repr=False)  # the driver's handle (a stream, a record)
 
@@ -111,9 +149,13 @@ class Engine:
         seed: int = 0,
         max_running_requests: int | None = None,
         first_rid: int = 0,
+        schedule: Schedule | None = None,
     ) -> None:
+        """`schedule` (speculative engines only): K per number of running requests, switched each step as
+        vLLM's V1 scheduler does (`parse_schedule`)."""
         self.profile = profile
         self.speculative = speculative
+        self.schedule = schedule if speculative else None
         self.seed = seed
         self.cap = max_running_requests or profile.running_cap(speculative)
         self.k = profile.speculative.draft_tokens
@@ -130,6 +172,11 @@ class Engine:
         self.verify_tokens = 0  # tokens emitted by verify passes (SGLang accept length numerator)
         self.accepted_draft_tokens = 0
         self.requests_finished = 0
+        self.switches = 0  # steps whose K differs from the step before's (drafting on <-> off, or another K)
+        self.catchup_tokens = 0  # draft-model tokens re-prefilled after drafting resumed
+        self._last_k: int | None = None
+        spec = profile.speculative
+        self.catchup_token_s = spec.draft_per_seq_s if spec.catchup_token_s is None else spec.catchup_token_s
 
     def new_request(
         self, prompt_tokens: int, max_new_tokens: int, arrival: float = 0.0, cached_tokens: int = 0
@@ -159,14 +206,14 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def _accepted(self, req: SimRequest) -> int:
+    def _accepted(self, req: SimRequest, k: int) -> int:
         """Accepted draft prefix length: P(>= i) = a**i, truncated at k (inverse CDF, one draw)."""
         if self._log_a == -math.inf:
             return 0
         u = req.rng.random() if req.rng is not None else random.random()
         if u <= 0.0:
-            return self.k
-        return min(self.k, int(math.log(u) / self._log_a))
+            return k
+        return min(k, int(math.log(u) / self._log_a))
 
     def step(self, now: float) -> StepResult:
         """Form a batch at `now` and run one step; emissions happen at now + duration."""
@@ -176,7 +223,15 @@ class Engine:
         prefill_tokens = decode_tokens = n_decode = context = 0
         emissions: list[tuple[SimRequest, int]] = []
         finished: list[SimRequest] = []
-        verify_width = self.k + 1 if self.speculative else 1
+        k = self.k
+        if self.schedule is not None:
+            k = scheduled_k(self.schedule, len(self.running), self.k)
+            if self._last_k is not None and k != self._last_k:
+                self.switches += 1
+            self._last_k = k
+        drafting = self.speculative and k > 0
+        verify_width = k + 1 if drafting else 1
+        catchup = 0
         for req in self.running:
             if req.prefilled < req.prompt_tokens:
                 if budget <= 0:
@@ -191,8 +246,10 @@ class Engine:
             n_decode += 1
             decode_tokens += verify_width
             context += req.prompt_tokens + req.generated
-            if self.speculative:
-                acc = self._accepted(req)
+            if drafting:
+                catchup += req.draft_lag
+                req.draft_lag = 0
+                acc = self._accepted(req, k)
                 n = min(acc + 1, req.max_new_tokens - req.generated)
                 req.verify_ct += 1
                 req.accepted_draft_tokens += min(acc, n)
@@ -201,16 +258,23 @@ class Engine:
                 self.accepted_draft_tokens += min(acc, n)
             else:
                 n = 1
+                if self.speculative:
+                    req.draft_lag += n
+                    req.plain_tokens += n
             emissions.append((req, n))
         duration = step_time(
             self.profile,
-            self.speculative,
+            drafting,
             len(self.running),
             decode_tokens,
             prefill_tokens,
             n_decode,
             context,
+            draft_tokens=k,
         )
+        if catchup:  # drafting resumed: the draft model first prefills what it missed
+            duration += catchup * self.catchup_token_s
+            self.catchup_tokens += catchup
         end = now + duration
         tokens = 0
         for req, n in emissions:

@@ -24,7 +24,7 @@ from specsweep.analysis.crossover import crossings_log_c
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import request_count
 from specsweep.metrics import steady_window
-from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, SimRequest, admission_end
+from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, Schedule, SimRequest, admission_end, parse_schedule
 from specsweep.sim.profile import Profile, load_profile
 
 DEFAULT_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
@@ -66,6 +66,7 @@ class LevelPrediction:
     stagger: bool = True
     ramp_requests: int = 0
     steady_window_s: float = 0.0
+    switches: int = 0  # schedule switches of the draft length during the level (0 without a schedule)
 
     def as_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
@@ -83,6 +84,8 @@ class VirtualLevel:
     step_tokens: np.ndarray
     step_chunks: np.ndarray
     chunks: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # rid -> (time, tokens), if traced
+    switches: int = 0  # steps whose draft length differed from the step before's (a schedule switching)
+    catchup_tokens: int = 0  # draft-model tokens re-prefilled when drafting resumed
 
     @property
     def sends(self) -> np.ndarray:
@@ -120,13 +123,21 @@ def run_level(
     first_rid: int = 0,
     stagger: bool = True,
     trace: bool = False,
+    schedule: Schedule | None = None,
 ) -> VirtualLevel:
     """Drive one closed-loop level in virtual time (warm-up requests first, one at a time, not measured).
 
     With `stagger`, slot k's first request is a ramp request of `ramp_length(output_tokens, k, C)` tokens, all C
     sent at t0, then `n_requests` measured requests follow; without, min(C, n) slots send the n requests.
     `trace` keeps every request's chunks (for `level_records`)."""
-    engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests, first_rid=first_rid)
+    engine = Engine(
+        profile,
+        speculative,
+        seed=seed,
+        max_running_requests=max_running_requests,
+        first_rid=first_rid,
+        schedule=schedule,
+    )
     now = 0.0
     for _ in range(warmup_requests):
         engine.new_request(input_tokens, output_tokens, arrival=now)
@@ -185,6 +196,8 @@ def run_level(
         np.array(step_tokens, dtype=np.int64),
         np.array(step_chunks, dtype=np.int64),
         chunks,
+        engine.switches,
+        engine.catchup_tokens,
     )
 
 
@@ -212,7 +225,8 @@ def summarize_level(
     many = n_tok >= 2
     tpot = (e2e[many] - ttft[many]) / (n_tok[many] - 1)
     verify = sum(r.verify_ct for r in reqs)
-    verify_tokens = sum(r.generated - 1 for r in reqs)  # the prefill's first token is not a verify pass
+    # the prefill's first token is not a verify pass, nor are tokens decoded with drafting off (a schedule's K=0)
+    verify_tokens = sum(r.generated - 1 - r.plain_tokens for r in reqs)
     t0, last_end = float(np.min(sends)), float(np.max(ends))
 
     def mean(a: np.ndarray) -> float:
@@ -237,6 +251,7 @@ def summarize_level(
         stagger=stagger,
         ramp_requests=int((~meas).sum()),
         steady_window_s=float(span),
+        switches=level.switches,
     )
 
 
@@ -253,6 +268,7 @@ def simulate_level(
     turnaround_s: float = CLIENT_TURNAROUND_S,
     first_rid: int = 0,
     stagger: bool = True,
+    schedule: Schedule | None = None,
 ) -> LevelPrediction:
     """Run one closed-loop level in virtual time: `n_requests` measured requests, after C ramp requests when
     `stagger` (as the pipeline's client); warm-up requests first, one at a time, not measured."""
@@ -269,6 +285,7 @@ def simulate_level(
         turnaround_s=turnaround_s,
         first_rid=first_rid,
         stagger=stagger,
+        schedule=schedule,
     )
     return summarize_level(level, speculative, input_tokens, output_tokens, stagger)
 
@@ -335,8 +352,10 @@ def predict_sweep(
     seed: int = 0,
     max_running_requests: int | None = None,
     stagger: bool = WORKLOAD_DEFAULTS["stagger"],
+    schedule: Schedule | None = None,
 ) -> SweepPrediction:
-    """Both arms at every level, with the config's request-count rule (measured requests, after the ramp)."""
+    """Both arms at every level, with the config's request-count rule (measured requests, after the ramp); with
+    a `schedule`, the speculative arm switches its draft length per step (`sim.engine.parse_schedule`)."""
     arms = {}
     for spec in (False, True):
         arms[spec] = [
@@ -350,6 +369,7 @@ def predict_sweep(
                 seed=seed,
                 max_running_requests=max_running_requests,
                 stagger=stagger,
+                schedule=schedule if spec else None,
             )
             for c in levels
         ]
@@ -417,6 +437,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one shortened ramp request per slot first, as the pipeline's client (default: on)",
     )
     parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument(
+        "--schedule",
+        type=parse_schedule,
+        default=None,
+        metavar="JSON",
+        help="speculative arm: draft tokens per number of running requests, e.g. '[[1, 15, 3], [16, 1024, 0]]'",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -458,6 +485,7 @@ def run(args: argparse.Namespace) -> int:
         args.seed,
         args.max_running_requests,
         stagger=args.stagger,
+        schedule=args.schedule,
     )
     elapsed = time.perf_counter() - t
     if args.json:

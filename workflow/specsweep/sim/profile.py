@@ -56,6 +56,10 @@ class Speculative:
     draft_per_seq_s: float = 0.0  # per draft step and running sequence
     max_running_requests: int | None = None  # cap under speculation (SGLang caps EAGLE at 48 by default)
     step: dict[str, float] = field(default_factory=dict)  # StepCosts overrides that apply in speculative mode
+    # Switching cost of a per-load schedule (docs/sim.md, "Speculation schedules"): while drafting is off the
+    # draft model's KV cache does not follow; when it resumes, the draft model prefills every token generated
+    # meanwhile, at this cost per token (None: draft_per_seq_s, one sequence's share of a draft step).
+    catchup_token_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,15 @@ from typing import Any
 from aiohttp import web
 
 from specsweep.aio import cancel_and_wait
-from specsweep.sim.engine import ADMISSION_MAX_S, ADMISSION_WINDOW_S, Engine, SimRequest, StepResult
+from specsweep.sim.engine import (
+    ADMISSION_MAX_S,
+    ADMISSION_WINDOW_S,
+    Engine,
+    Schedule,
+    SimRequest,
+    StepResult,
+    parse_schedule,
+)
 from specsweep.sim.faults import FaultConfig, FaultState, add_fault_arguments, faults_from_args
 from specsweep.sim.prefixcache import PrefixCache
 from specsweep.sim.profile import Profile, load_profile
@@ -85,12 +93,15 @@ class SimServer:
         debug_timestamps: bool = False,
         faults: FaultConfig | None = None,
         api_key: str | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
         self.profile = profile
         self.api_key = api_key
         self.speculative = speculative
         self.seed = seed
-        self.engine = Engine(profile, speculative, seed=seed, max_running_requests=max_running_requests)
+        self.engine = Engine(
+            profile, speculative, seed=seed, max_running_requests=max_running_requests, schedule=schedule
+        )
         self.debug_timestamps = debug_timestamps
         self.faults = faults or FaultConfig()
         self.fault_state = FaultState(self.faults, seed)
@@ -284,6 +295,8 @@ class SimServer:
             "chunked_prefill_size": p.batching.prefill_chunk_tokens,
             "context_length": p.batching.max_model_len,
             "speculative_algorithm": p.speculative.algorithm if spec else None,
+            "num_speculative_tokens_per_batch_size": [list(e) for e in self.engine.schedule or []] or None,
+            "speculation_switches": self.engine.switches,
             "speculative_num_steps": p.speculative.draft_tokens if spec else None,
             "speculative_eagle_topk": 1 if spec else None,
             "speculative_num_draft_tokens": p.speculative.draft_tokens + 1 if spec else None,
@@ -577,6 +590,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add sim_sent_at (time.monotonic() just before the write) to every streamed chunk",
     )
     parser.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer' (like SGLang)")
+    parser.add_argument(
+        "--spec-schedule",
+        default=None,
+        metavar="JSON",
+        help="with --speculative: draft tokens per number of running requests, vLLM's "
+        "num_speculative_tokens_per_batch_size, e.g. '[[1, 15, 3], [16, 1024, 0]]' (0: drafting off)",
+    )
     add_fault_arguments(parser)
 
 
@@ -606,6 +626,14 @@ async def serve(server: SimServer, host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    schedule = None
+    if args.spec_schedule is not None:
+        if not args.speculative:
+            raise SystemExit("--spec-schedule needs --speculative")
+        try:
+            schedule = parse_schedule(args.spec_schedule)
+        except ValueError as e:
+            raise SystemExit(f"--spec-schedule: {e}") from None
     server = SimServer(
         profile,
         speculative=args.speculative,
@@ -614,6 +642,7 @@ def run(args: argparse.Namespace) -> int:
         debug_timestamps=args.debug_timestamps,
         faults=faults_from_args(args),
         api_key=args.api_key,
+        schedule=schedule,
     )
     asyncio.run(serve(server, args.host, args.port))
     return 0

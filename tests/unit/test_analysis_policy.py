@@ -15,6 +15,7 @@ from specsweep.analysis.policy import (
     policy_document,
     speculative_tokens,
 )
+from specsweep.sim.engine import parse_schedule
 from tests.support.crossovers import crossover_block
 
 pytestmark = pytest.mark.unit
@@ -81,13 +82,16 @@ def test_sglang_forms() -> None:
     assert engine_policy("sglang", 0)["apply"][0]["how"] == "no_speculation"
 
 
-def test_sim_threshold_only_and_document() -> None:
+def test_sim_schedule_and_document() -> None:
     ar = _arm([1.2, 1.1, 0.9], _x(3.0, 2.4, 4.0, ("within",) * 3), [{"direction": "down"}])
     result = {"experiment": "e", "variant": "sim", "source": "simulated", "arms": {"eagle3": ar}}
     doc = policy_document(result, "sim")
     entry = doc["arms"]["eagle3"]
     assert entry["threshold"] == 2 and "sim" in entry
-    assert set(entry["sim"]) == {"note"}
+    # the demo profile drafts 3 tokens: speculate with 3 up to 2 running requests, then not at all
+    assert entry["sim"]["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 1024, 0]]
+    assert entry["sim"]["server_args"] == ["--spec-schedule", "[[1,2,3],[3,1024,0]]"]
+    assert parse_schedule(entry["sim"]["server_args"][1]) == [(1, 2, 3), (3, 1024, 0)]  # what serve-sim accepts
     up = _arm([0.8, 1.1, 1.2], _x(0.0, 0.0, 0.0, ("below_range",) * 3), [{"direction": "up"}])
     doc = policy_document({"arms": {"eagle3": up}}, "sglang")
     assert doc["arms"]["eagle3"]["threshold"] == 0 and "warning" in doc["arms"]["eagle3"]

@@ -163,6 +163,32 @@ def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
     return None
 
 
+def _schedule(n: int, k: int, upper: int) -> list[list[int]]:
+    """'Speculate with K while running requests <= n' as vLLM's inclusive [[start, end, K], ...] ranges."""
+    if n <= 0:
+        return [[1, upper, 0]]
+    if n >= upper:
+        return [[1, upper, k]]
+    return [[1, n, k], [n + 1, upper, 0]]
+
+
+def _sim(n: int, variant: dict[str, Any], max_level: float) -> dict[str, Any]:
+    """The simulated engine applies the same schedule per step as vLLM (`serve-sim --spec-schedule`)."""
+    from specsweep.sim.profile import load_profile
+
+    k = load_profile(variant.get("profile") or "demo").speculative.draft_tokens
+    upper = max(1024, int(max_level))
+    sched = _schedule(n, k, upper)
+    return {
+        "num_speculative_tokens_per_batch_size": sched,
+        "server_args": ["--spec-schedule", json.dumps(sched, separators=(",", ":"))],
+        "note": (
+            "add server_args to a speculative arm to serve the schedule (K per running requests, switched each "
+            "step as vLLM does; switching re-prefills the draft model, docs/sim.md); measure it as an arm"
+        ),
+    }
+
+
 def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float) -> dict[str, Any]:
     k = speculative_tokens("vllm", arm)
     max_seqs = arm.get("max_num_seqs") or variant.get("max_num_seqs") or _arg_value(_argv_of(arm), "--max-num-seqs")
@@ -174,12 +200,7 @@ def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float
             "use [[1, N, K], [N+1, max_num_seqs, 0]] with the arm's K"
         )
         return out
-    if n <= 0:
-        sched = [[1, upper, 0]]
-    elif n >= upper:
-        sched = [[1, upper, k]]
-    else:
-        sched = [[1, n, k], [n + 1, upper, 0]]
+    sched = _schedule(n, k, upper)
     cfg = _speculative_config(arm)
     cfg["num_speculative_tokens_per_batch_size"] = sched
     out["num_speculative_tokens_per_batch_size"] = sched
@@ -239,6 +260,8 @@ def engine_policy(
         return _vllm(threshold, arm, variant, max_level)
     if engine == "sglang":
         return _sglang(threshold)
+    if engine == "sim":
+        return _sim(threshold, variant, max_level)
     return {"note": f"engine {engine or 'unknown'}: threshold only"}
 
 

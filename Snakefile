@@ -39,6 +39,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/cell.smk"
 include: "workflow/rules/adaptive.smk"
+include: "workflow/rules/policy.smk"
 include: "workflow/rules/crossover.smk"
 include: "workflow/rules/tracking.smk"
 

@@ -11,8 +11,10 @@ from tests.conftest import REPO, SNAKEMAKE
 pytestmark = pytest.mark.pipeline
 
 
-@pytest.mark.parametrize(("name", "cells"), [("kimi-k25-8gpu", 32), ("vllm-cpu-tiny", 8)])
-def test_example_dry_run(tmp_path, name: str, cells: int) -> None:
+@pytest.mark.parametrize(("name", "cells", "schedules"), [("kimi-k25-8gpu", 32, 2), ("vllm-cpu-tiny", 12, 1)])
+def test_example_dry_run(tmp_path, name: str, cells: int, schedules: int) -> None:
+    """The fixed arms' cells, then per variant the `schedule` checkpoint that the policy arm's cells follow
+    (their server commands, SGLang's adaptive flags included: tests/unit/test_engines_golden.py)."""
     cmd = [
         *SNAKEMAKE,
         "-s",
@@ -32,4 +34,5 @@ def test_example_dry_run(tmp_path, name: str, cells: int) -> None:
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
     assert counts.get("cell") == cells, counts
+    assert counts.get("schedule") == schedules, counts
     assert "variant=sim" not in proc.stdout  # the example replaces the default config, it does not merge into it

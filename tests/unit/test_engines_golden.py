@@ -17,12 +17,14 @@ from specsweep import config as ssconfig
 from specsweep.engines import get_engine
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
+from specsweep.engines.speculation import sglang_adaptive_config
 from specsweep.redact import MissingAPIKey
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ["kimi-k25-8gpu", "vllm-cpu-tiny"]
 PORT = 30000
+EXAMPLE_SCHEDULE = [[1, 16, 3], [17, 256, 0]]  # what a policy arm serves: K=3 up to 16 running requests, then 0
 
 pytestmark = pytest.mark.unit
 
@@ -35,9 +37,14 @@ def commands_for(config_name: str) -> dict[str, dict]:
         variant = ssconfig.variant_for_server(cfg, vname, absolute=False)
         engine = get_engine(variant["engine"])
         for aname, arm in cfg["arms"].items():
+            if arm.get("policy"):  # serves the schedule the sweep derives: an example one here
+                file = f"results/{cfg['experiment']}/{vname}/policy/{arm['family']}.sglang-adaptive.json"
+                arm = {**arm, "schedule": EXAMPLE_SCHEDULE, "schedule_file": file}
             python = f"/envs/{vname}/bin/python"
             spec = engine.server_spec(variant, aname, arm, variant.get("host", "127.0.0.1"), PORT, python)
             d = spec.public_dict()
+            if arm.get("policy") and variant["engine"] == "sglang":
+                out[f"{vname}/{aname}.adaptive_config"] = {"content": sglang_adaptive_config(EXAMPLE_SCHEDULE)[0]}
             out[f"{vname}/{aname}"] = {
                 "command": shlex.join(d["argv"]),
                 "argv": d["argv"],
@@ -78,14 +85,12 @@ def test_kimi_fusion_only_in_cu130() -> None:
 
 def test_vllm_tiny_speculative_config_is_json() -> None:
     got = commands_for("vllm-cpu-tiny")
-    argv = got["cpu-tiny/ngram"]["argv"]
-    cfg = vllm_mod.speculative_config_from_argv(argv)
-    assert cfg == {
-        "method": "ngram",
-        "num_speculative_tokens": 3,
-        "prompt_lookup_max": 3,
-        "prompt_lookup_min": 1,
-    }
+    ngram = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    for k in (1, 3):  # draft_lengths [1, 3]: one sub-arm per K
+        cfg = vllm_mod.speculative_config_from_argv(got[f"cpu-tiny/ngram-k{k}"]["argv"])
+        assert cfg == {**ngram, "num_speculative_tokens": k}
+    policy = vllm_mod.speculative_config_from_argv(got["cpu-tiny/ngram-policy"]["argv"])
+    assert policy == {**ngram, "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": EXAMPLE_SCHEDULE}
     assert vllm_mod.speculative_config_from_argv(got["cpu-tiny/baseline"]["argv"]) is None
     assert got["cpu-tiny/baseline"]["client_backend"] == "openai"
     assert got["cpu-tiny/baseline"]["resource"] == "cpu"
@@ -178,3 +183,17 @@ def test_arm_server_args_and_arm_env_reach_real_engines(engine: str) -> None:
     assert "--x" not in base.argv
     launcher_env = {"VLLM_SERVER_DEV_MODE": "1"} if engine == "vllm" else {}  # /reset_prefix_cache
     assert spec.env == {**launcher_env, "CUDA_VISIBLE_DEVICES": "0,1", "A": "1", "B": "2"} and "B" not in base.env
+
+
+def test_kimi_policy_arm_serves_the_schedule_with_sglang_adaptive_speculation() -> None:
+    """SGLang cannot turn speculation off by load: the policy arm uses batch-size-aware adaptive speculation,
+    one slot per range with one step count, and a K=0 range becomes the smallest step count (approximate)."""
+    got = commands_for("kimi-k25-8gpu")
+    argv = got["cu128/eagle3-policy"]["argv"]
+    assert "--speculative-adaptive" in argv
+    assert argv[argv.index("--speculative-adaptive-config") + 1].endswith("cu128/policy/eagle3.sglang-adaptive.json")
+    assert argv[argv.index("--speculative-num-steps") + 1] == "3"
+    assert got["cu128/eagle3-policy.adaptive_config"]["content"] == {
+        "1": {"candidate_steps": [3]},
+        "17": {"candidate_steps": [1]},
+    }

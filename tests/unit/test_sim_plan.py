@@ -10,7 +10,7 @@ import yaml
 
 from specsweep.analysis.adaptive import AdaptiveSettings
 from specsweep.cli import main
-from specsweep.config import load, requests_for
+from specsweep.config import load, load_yaml, requests_for
 from specsweep.sim.plan import plan_sweep
 from specsweep.sim.profile import load_profile
 
@@ -37,7 +37,7 @@ def config_file(tmp_path: Path) -> Path:
 def test_fixed_and_adaptive_plans(config_file: Path) -> None:
     config, profile = load(config_file), load_profile("demo")
     fixed = plan_sweep(profile, config, "sim", None, seed=0, server_start_s=60.0)
-    assert fixed.levels == [4, 64] and fixed.server_starts == {"baseline": 1, "eagle3": 1}
+    assert fixed.levels == [4, 64] and fixed.server_starts == {"baseline": 1, "eagle3": 1}  # inconclusive: no policy
     assert fixed.requests == {4: 12, 64: 192}  # the grid's own counts: adaptive settings off
     assert all(s > 60.0 for s in fixed.measure_s.values())  # a start plus the levels
     adaptive = plan_sweep(profile, config, "sim", AdaptiveSettings.from_config(config), seed=0, server_start_s=60.0)
@@ -64,3 +64,28 @@ def test_plan_needs_a_profile_for_a_real_engine(tmp_path: Path, capsys: pytest.C
     path.write_text(yaml.safe_dump(cfg))
     assert main(["plan", "--config", str(path)]) == 2
     assert "pass --profile" in capsys.readouterr().err
+
+
+def test_the_derived_policy_holds_and_a_wrong_one_fails_in_virtual_time(config_file: Path) -> None:
+    """The whole policy loop in virtual time: the fixed arms, the derived schedule, the policy arm measured at
+    every level and its regret. A schedule that speculates everywhere fails where speculation loses (C=64 on
+    the demo profile, where the baseline is the best fixed arm) and holds where it wins."""
+    dense = {**CONFIG, "concurrency": [4, 16, 32, 64]}
+    dense["workload"] = {**CONFIG["workload"], "requests": {"per_concurrency": 8, "floor": 8}}
+    config_file.write_text(yaml.safe_dump(dense))
+    config, profile = load(config_file), load_profile("demo")
+    plan = plan_sweep(profile, config, "sim", None, seed=0)
+    sched = plan.schedules["eagle3"]
+    assert sched[0][0] == 1 and sched[0][2] == 3 and sched[-1][2] == 0  # speculate low, plain decoding high
+    assert plan.proof["eagle3"]["holds"], plan.proof["eagle3"]["verdict"]
+    wrong = load_yaml(config_file)
+    wrong["policy"] = {"schedules": {"eagle3": [[1, 1024, 3]]}}
+    path = config_file.parent / "wrong.yaml"
+    path.write_text(yaml.safe_dump(wrong))
+    bad = plan_sweep(profile, load(path), "sim", None, seed=0)
+    proof = bad.proof["eagle3"]
+    assert bad.schedules["eagle3"] == [[1, 1024, 3]]
+    assert proof["failing_levels"] == [32, 64] and not proof["holds"]  # where the baseline wins beyond the noise
+    best = {r["concurrency"]: r["best_fixed_arm"] for r in proof["per_level"]}
+    assert best[32] == best[64] == "baseline" and best[4] == "eagle3"
+    assert {r["concurrency"]: r["status"] for r in proof["per_level"]}[4] in ("holds", "better")

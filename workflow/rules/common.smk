@@ -8,9 +8,10 @@ from specsweep.config import (
     analysis_spec,
     cell_spec,
     dumps,
+    fixed_arms,
+    policy_arms,
     requests_for,
     server_group_priority,
-    speculative_arms,
     startup_timeout_s,
     tracking_spec,
 )
@@ -21,6 +22,8 @@ STATE_DIR = RES / ".servers"
 LOGS = RES / "logs"
 VARIANTS = list(config["variants"])
 ARMS = list(config["arms"])
+FIXED_ARMS = fixed_arms(config)  # the baseline and every speculative (sub-)arm
+POLICY_ARMS = policy_arms(config)  # policy arm -> its family: serves the derived schedule (workflow/rules/policy.smk)
 LEVELS = sorted(config["concurrency"])
 BASELINE_ARM = config["analysis"]["baseline_arm"]
 ADAPTIVE = config["adaptive"]
@@ -59,21 +62,61 @@ def final_levels(variant):
     return levels_after(variant, ADAPTIVE["max_rounds"] if ADAPTIVE["enabled"] else 0)
 
 
+def schedules(variant):
+    """The variant's schedule.json (the `schedule` checkpoint): what each policy arm serves."""
+    return json.loads(Path(checkpoints.schedule.get(variant=variant).output[0]).read_text())
+
+
+def served_policy_arms(variant):
+    """Policy arms whose family got a schedule (an inconclusive family has none, and no policy arm)."""
+    if not POLICY_ARMS:
+        return []
+    families = schedules(variant)["families"]
+    return [a for a, fam in POLICY_ARMS.items() if (families.get(fam) or {}).get("schedule")]
+
+
+def measured_arms(variant):
+    return FIXED_ARMS + served_policy_arms(variant)
+
+
 def arm_cells(wildcards, name="summary.json"):
     known("variant", wildcards.variant, VARIANTS)
     known("arm", wildcards.arm, ARMS)
     return [cell_path(wildcards.variant, wildcards.arm, c, name) for c in final_levels(wildcards.variant)]
 
 
-def variant_cells(wildcards, name="summary.json", levels=None):
+def fixed_cells(wildcards, name="summary.json", levels=None):
+    """The fixed arms' cells: what refinement rounds and the schedule judge."""
     known("variant", wildcards.variant, VARIANTS)
     levels = final_levels(wildcards.variant) if levels is None else levels
-    return [cell_path(wildcards.variant, a, c, name) for a in ARMS for c in levels]
+    return [cell_path(wildcards.variant, a, c, name) for a in FIXED_ARMS for c in levels]
+
+
+def variant_cells(wildcards, name="summary.json"):
+    """Every cell of the variant: the fixed arms' and the policy arms' (after the schedule is derived)."""
+    levels = final_levels(wildcards.variant)
+    policy = [cell_path(wildcards.variant, a, c, name) for a in served_policy_arms(wildcards.variant) for c in levels]
+    return fixed_cells(wildcards, name) + policy
 
 
 def round_cells(wildcards, name="summary.json"):
     """The cells a refinement round judges: every level measured before it."""
-    return variant_cells(wildcards, name, levels_after(wildcards.variant, int(wildcards.round) - 1))
+    return fixed_cells(wildcards, name, levels_after(wildcards.variant, int(wildcards.round) - 1))
+
+
+def schedule_input(wildcards):
+    return [RES / wildcards.variant / "schedule.json"] if POLICY_ARMS else []
+
+
+def policy_entry(variant, arm):
+    """The schedule a policy arm serves (its family's entry of schedule.json); refuses one without."""
+    entry = schedules(variant)["families"].get(POLICY_ARMS[arm]) or {}
+    if not entry.get("schedule"):
+        raise ValueError(
+            f"{variant}/{arm}: no schedule was derived ({entry.get('reason', 'unknown')}); "
+            f"see {RES / variant / 'schedule.json'}"
+        )
+    return entry
 
 
 def cell_inputs(wildcards):
@@ -91,6 +134,8 @@ def cell_inputs(wildcards):
             "(or enable adaptive levels)"
         )
     inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
+    if wildcards.arm in POLICY_ARMS:  # waits for the schedule; its content is a param (cell_spec_json)
+        policy_entry(variant, wildcards.arm)
     if config["variants"][variant].get("model_builder"):
         inputs["model"] = expand(rules.model.output[0], variant=variant)[0]
     return inputs
@@ -98,6 +143,14 @@ def cell_inputs(wildcards):
 
 def variant_analysis_json(wildcards):
     return dumps(analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]))
+
+
+def schedule_decision_json(wildcards):
+    """What a schedule depends on besides the cells' bytes (a param: changing it re-derives the schedule)."""
+    known("variant", wildcards.variant, VARIANTS)
+    keys = ("policy_rule", "primary_metric", "baseline_arm")
+    analysis = {k: config["analysis"][k] for k in keys}
+    return dumps({"policy": config["policy"], "arms": config["arms"], "analysis": analysis})
 
 
 def refine_json(wildcards):
@@ -129,7 +182,8 @@ def builder_input(wildcards):
 
 
 def cell_spec_json(wildcards):
-    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, int(wildcards.c)))
+    served = policy_entry(wildcards.variant, wildcards.arm) if wildcards.arm in POLICY_ARMS else None
+    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, int(wildcards.c), served))
 
 
 def cell_priority(wildcards):

@@ -7,6 +7,7 @@ rule crossover_variant:
         summaries=variant_cells,
         requests=lambda w: variant_cells(w, "requests.parquet"),
         env=rules.env.output[0],
+        schedule=schedule_input,
     output:
         crossover=report(
             RES / "{variant}" / "crossover.json",
@@ -39,9 +40,10 @@ rule crossover_variant:
     params:
         config=variant_analysis_json,
         out_dir=lambda w: RES / w.variant,
+        schedule=lambda w, input: f"--schedule {input.schedule}" if input.schedule else "",
     shell:
         "python -m specsweep crossover --variant {wildcards.variant} --config {params.config:q}"
-        " --summaries {input.summaries} --out-dir {params.out_dir} > {log} 2>&1"
+        " --summaries {input.summaries} {params.schedule} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule compare:

@@ -172,6 +172,11 @@ def run_cell(
     variant = {**variant, "cpus": plan.server}
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
+    if arm.get("schedule_file"):  # an engine config file the schedule job wrote (SGLang adaptive speculation)
+        path = Path(arm["schedule_file"]).resolve()
+        if not path.is_file():
+            raise CellError(f"{arm_name}: schedule file {path} is missing; rerun the variant's schedule job")
+        arm = {**arm, "schedule_file": str(path)}
     check_model(variant)
     api_key = api_key_from_env(variant.get("api_key_env"))
     label = f"{spec['variant_name']}/{arm_name}"

@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "servers": ("specsweep.servers", "list or stop the servers of an experiment"),
     "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),
     "refine": ("specsweep.analysis.adaptive", "choose the levels an adaptive round adds inside the crossover interval"),
+    "schedule": (
+        "specsweep.analysis.schedule",
+        "derive each speculative arm's schedule (K per load)",
+    ),
     "compare": ("specsweep.analysis.compare", "compare variants arm by arm"),
     "track": ("specsweep.tracking", "log cells and crossovers to MLflow"),
     "config-doc": ("specsweep.configdoc", "print (or --write) config/README.md from the config schema"),

@@ -81,6 +81,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ConfigError("\n".join(_describe(e) for e in errors[:5]))
     _check_semantics(config)
+    _expand_arms(config)
     return config
 
 
@@ -125,6 +126,105 @@ def _check_semantics(config: dict[str, Any]) -> None:
             )
 
 
+def _expand_arms(config: dict[str, Any]) -> None:
+    """The arms the sweep measures: each speculative arm once per `draft_lengths` entry (sub-arms
+    `<arm>-k<K>`), and with `policy.measure` one `<arm>-policy` arm per speculative arm that serves the derived
+    schedule. Every arm records its `family` (the speculative arm it came from). Idempotent: a validated
+    config validates to itself."""
+    arms: dict[str, Any] = config["arms"]
+    expanded: dict[str, Any] = {}
+    renamed: dict[str, list[str]] = {}
+    for name, arm in arms.items():
+        if not arm["speculative"]:
+            expanded[name] = arm
+            continue
+        if arm.get("policy"):
+            continue  # re-added below
+        lengths = arm.get("draft_lengths")
+        if lengths:
+            base = {k: v for k, v in arm.items() if k != "draft_lengths"}
+            subs = {
+                f"{name}-k{k}": {**copy.deepcopy(base), "draft_length": int(k), "family": name} for k in sorted(lengths)
+            }
+        else:
+            subs = {name: {**arm, "family": arm.get("family") or name}}
+        for sub in subs:
+            if sub in arms and sub != name:
+                raise ConfigError(
+                    f"config error at 'arms/{name}/draft_lengths': sub-arm name '{sub}' is taken by another arm; "
+                    "rename that arm"
+                )
+        expanded.update(subs)
+        renamed[name] = list(subs)
+    for name, subs in renamed.items():
+        for variant in config["variants"].values():
+            extra = variant.get("arm_server_args", {})
+            if name in extra and subs != [name]:
+                for sub in subs:
+                    extra.setdefault(sub, list(extra[name]))
+                del extra[name]
+    if config["policy"]["measure"]:
+        for family in _families_of(expanded):
+            members = [a for a in expanded.values() if a.get("family") == family]
+            policy_name = f"{family}-policy"
+            if policy_name in expanded:
+                raise ConfigError(
+                    f"config error at 'arms/{policy_name}': the name is reserved for {family}'s policy arm"
+                )
+            first = members[0]
+            expanded[policy_name] = {
+                "speculative": True,
+                "server_args": list(first.get("server_args", [])),
+                "env_vars": dict(first.get("env_vars", {})),
+                "family": family,
+                "policy": True,
+            }
+            for variant in config["variants"].values():
+                extra = variant.get("arm_server_args", {})
+                member_args = [
+                    extra[m] for m in (a for a, v in expanded.items() if v.get("family") == family) if m in extra
+                ]
+                if member_args:
+                    extra.setdefault(policy_name, list(member_args[0]))
+    unknown = sorted(set(config["policy"]["schedules"]) - set(_families_of(expanded)))
+    if unknown:
+        raise ConfigError(
+            f"config error at 'policy/schedules': {', '.join(unknown)} is not a speculative arm; "
+            f"known: {', '.join(_families_of(expanded))}"
+        )
+    for family, schedule in config["policy"]["schedules"].items():
+        from specsweep.sim.engine import parse_schedule
+
+        try:
+            parse_schedule(schedule)
+        except ValueError as e:
+            raise ConfigError(f"config error at 'policy/schedules/{family}': {e}") from None
+    config["arms"] = expanded
+
+
+def _families_of(arms: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(a["family"] for a in arms.values() if a.get("family") and not a.get("policy")))
+
+
+def families(config: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    """Each speculative arm as configured (its family) -> its measured fixed arms and their draft lengths."""
+    out: dict[str, dict[str, int | None]] = {}
+    for name, arm in config["arms"].items():
+        if arm.get("family") and not arm.get("policy"):
+            out.setdefault(arm["family"], {})[name] = arm.get("draft_length")
+    return out
+
+
+def policy_arms(config: dict[str, Any]) -> dict[str, str]:
+    """Policy arm -> its family (empty unless policy.measure)."""
+    return {name: arm["family"] for name, arm in config["arms"].items() if arm.get("policy")}
+
+
+def fixed_arms(config: dict[str, Any]) -> list[str]:
+    """The arms with one fixed server configuration: the baseline and every speculative (sub-)arm."""
+    return [name for name, arm in config["arms"].items() if not arm.get("policy")]
+
+
 def load_arg(value: str | Path | None) -> dict[str, Any]:
     """A `--config` argument: inline JSON text (a slice of the config, as the Snakemake rules pass it) or a
     YAML/JSON file; {} when empty. Not validated: a slice is not a whole config."""
@@ -164,7 +264,8 @@ def requests_for(config: dict[str, Any], concurrency: int) -> int:
 
 
 def speculative_arms(config: dict[str, Any]) -> list[str]:
-    return [name for name, arm in config["arms"].items() if arm["speculative"]]
+    """The fixed speculative arms (sub-arms included, policy arms not)."""
+    return [name for name, arm in config["arms"].items() if arm["speculative"] and not arm.get("policy")]
 
 
 def cells(config: dict[str, Any]) -> list[Cell]:
@@ -205,17 +306,27 @@ def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
     return out
 
 
-def cell_spec(config: dict[str, Any], variant: str, arm: str, concurrency: int) -> dict[str, Any]:
+def cell_spec(
+    config: dict[str, Any], variant: str, arm: str, concurrency: int, served: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything one cell's measurement depends on, and nothing else (a Snakemake param: changing it reruns
     the cell). Gates, SLOs and analysis settings judge stored records (`analysis_spec`, `tracking_spec`);
-    the server start-up timeout is a resource of the rule (`startup_timeout_s`)."""
+    the server start-up timeout is a resource of the rule (`startup_timeout_s`). A policy arm's cell also
+    holds the schedule it serves (`served`: its family's entry of schedule.json)."""
+    arm_cfg = config["arms"][arm]
+    if arm_cfg.get("policy"):
+        if not served or not served.get("schedule"):
+            raise ConfigError(f"arm {arm} serves its family's derived schedule, and none was given")
+        arm_cfg = {**arm_cfg, "schedule": served["schedule"]}
+        if served.get("file"):
+            arm_cfg["schedule_file"] = served["file"]
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
         "variant_name": variant,
         "variant": _variant_for_arm(config["variants"][variant], arm),
         "arm_name": arm,
-        "arm": config["arms"][arm],
+        "arm": arm_cfg,
         "concurrency": int(concurrency),
         "n_requests": requests_for(config, int(concurrency)),
         "repeats": config["repeats"],

@@ -253,6 +253,15 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     metrics: dict[str, float] = {}
     for arm_name, result in (data.get("arms") or {}).items():
         flatten(arm_name, _crossover_numbers(result), metrics)
+    proofs = {f: p for f, p in (data.get("policy_proof") or {}).items() if p.get("per_level")}
+    for proof in proofs.values():
+        ratios = [r["ratio"] for r in proof["per_level"] if _number(r.get("ratio")) is not None]
+        flatten(
+            proof["policy_arm"],
+            {"holds": float(bool(proof["holds"])), "failing_levels": float(len(proof["failing_levels"]))}
+            | ({"policy_over_best_min": min(ratios)} if ratios else {}),
+            metrics,
+        )
     tags = {
         f"{TAG}.kind": "crossover",
         f"{TAG}.crossover_key": key,
@@ -263,7 +272,15 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         f"{TAG}.cell_runs": ",".join(cell_runs)[:5000],
         **_verdict_tags(data),
     }
+    tags.update({f"{TAG}.policy.{f}": "holds" if p["holds"] else "fails" for f, p in proofs.items()})
     run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)
+    for proof in proofs.values():  # per level, step = concurrency: the MLflow chart is the regret curve
+        for r in proof["per_level"]:
+            for key in ("ratio", "ratio_lo", "ratio_hi"):
+                v = _number(r.get(key))
+                if v is not None:
+                    name = f"{proof['policy_arm']}.policy_over_best{key[5:]}"
+                    tracker.client.log_metric(run_id, name, v, step=int(r["concurrency"]))
     out_dir = crossover_path.parent
     tracker.client.log_artifact(run_id, str(crossover_path))
     for name in ("policy.yaml",):

@@ -15,8 +15,6 @@ interval open beyond it asks for a wider grid, which is the user's call.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -24,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specsweep.analysis import decisions
 from specsweep.config import defaults, load_arg
-from specsweep.io import atomic_write_json, read_json
+from specsweep.io import atomic_write_json
 
 __all__ = ["AdaptiveSettings", "interior_levels", "measuring_seconds", "next_levels"]
 
@@ -147,10 +146,7 @@ def measuring_seconds(summaries: Sequence[dict[str, Any]]) -> float:
 def decision_key(decision: dict[str, Any], round_: int, summaries: Sequence[Path]) -> str:
     """What a round's decision depends on: its adaptive settings, its round, and the bytes of every cell it
     judged. The same key means the same decision, whatever the gates, SLOs or analysis settings now say."""
-    h = hashlib.sha256(json.dumps([decision, round_], sort_keys=True).encode())
-    for path in sorted(Path(p) for p in summaries):
-        h.update(str(path).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()[:20]
+    return decisions.decision_key([decision, round_], summaries)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,9 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
     decision, config = load_arg(args.adaptive), load_arg(args.judging)
     key = decision_key(decision, args.round, args.summaries)
-    kept = args.out.parent / ".decisions" / f"round{args.round}-{key}.json"
-    if kept.is_file():  # decided before on the same cells and settings: keep it (module docstring)
-        plan = read_json(kept)
+    plan = decisions.kept(args.out.parent, f"round{args.round}", key)
+    if plan is not None:  # decided before on the same cells and settings: keep it (analysis/decisions.py)
         atomic_write_json(args.out, plan)
         print(f"{args.variant} round {args.round}: decision kept (same cells and adaptive settings): {plan['add']}")
         return 0
@@ -189,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         judged_with={k: config.get(k) for k in ("gates", "slo", "analysis")},
         decision_key=key,
     )
-    atomic_write_json(kept, plan)
+    decisions.keep(args.out.parent, f"round{args.round}", key, plan)
     atomic_write_json(args.out, plan)
     what = f"adding C={', '.join(map(str, plan['add']))}" if plan["add"] else f"no level added: {plan['stop']}"
     print(f"{args.variant} round {args.round}: measured C={', '.join(map(str, plan['measured']))}; {what}")

@@ -13,10 +13,12 @@ from typing import Any
 
 from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
 from specsweep.analysis.cells import Cell, find_cells, load_cell
-from specsweep.analysis.policy import dump_yaml, policy_document
+from specsweep.analysis.policy import dump_yaml, policy_document, schedule_entries
+from specsweep.analysis.proof import policy_proof
+from specsweep.analysis.schedule import derive_schedules
 from specsweep.analysis.table import format_table, table_csv
 from specsweep.config import load_arg
-from specsweep.io import atomic_write_text
+from specsweep.io import atomic_write_text, read_json
 
 __all__ = ["add_arguments", "analyze_cells", "main", "run", "run_crossover", "server_args"]
 
@@ -35,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="bootstrap seed (overrides config)")
     parser.add_argument("--include-invalid", action="store_true", help="use cells marked invalid")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
+    parser.add_argument("--schedule", type=Path, help="schedule.json the policy arms served (default: derive it)")
 
 
 def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any]:
@@ -58,7 +61,8 @@ def _arm_roles(
     default_base: str,
 ) -> tuple[str, list[str]]:
     """Baseline and speculative arms: flags first, then config (`analysis.baseline_arm`, `speculative:`)."""
-    arms_cfg = config.get("arms") or {}
+    arms_cfg = {a: c for a, c in (config.get("arms") or {}).items() if not (c or {}).get("policy")}
+    arms_found = [a for a in arms_found if not ((config.get("arms") or {}).get(a) or {}).get("policy")]
     if baseline is None:
         plain = [a for a, c in arms_cfg.items() if not (c or {}).get("speculative", False)]
         baseline = default_base if default_base in arms_cfg or not plain else plain[0]
@@ -147,6 +151,18 @@ def run_crossover(args: argparse.Namespace) -> dict[str, Any]:
     }
     for a, p in policy["arms"].items():
         result["arms"][a]["threshold"] = p["threshold"]
+    arms_all = config.get("arms") or {}
+    if args.schedule is not None:
+        schedules = read_json(args.schedule)
+    else:
+        schedules = derive_schedules(config, args.variant, result, cells, settings, out / "policy")
+    result["schedules"] = schedules["families"]
+    result["policy_proof"] = policy_proof(cells, arms_all, result["baseline_arm"], settings, schedules)
+    argvs = {}
+    for family in schedules["families"]:
+        member = next((a for a, c in arms_all.items() if c.get("family") == family and not c.get("policy")), None)
+        argvs[family] = server_args(config, args.variant, member)["server_args"] if member else []
+    policy["schedules"] = schedule_entries(schedules, result["policy_proof"], engine, argvs)
     if not args.no_plots:
         from specsweep.analysis.plots import plot_variant
 

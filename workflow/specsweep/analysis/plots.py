@@ -193,4 +193,41 @@ def plot_variant(result: dict[str, Any], cells: dict[str, dict[float, Cell]], ou
     _title(ax, "Accept length vs concurrency", result)
     _legend(ax, inv)
     written += save_figure(fig, out_dir / "accept_length")
+    for family, proof in (result.get("policy_proof") or {}).items():
+        if proof.get("per_level"):
+            written += _envelope_plot(result, cells, family, proof, out_dir)
     return written
+
+
+def _envelope_plot(
+    result: dict[str, Any], cells: dict[str, dict[float, Cell]], family: str, proof: dict[str, Any], out_dir: Path
+) -> list[Path]:
+    """Baseline, every draft length and the policy arm (top), and the policy over the best fixed arm with its
+    interval (bottom): the policy should ride the upper envelope of the fixed arms."""
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    inv = _arm_lines(ax, cells, proof["fixed_arms"], "aggregate_tok_s")
+    x, y, ok = _series(cells.get(proof["policy_arm"], {}), "aggregate_tok_s")
+    ax.plot(x, y, color="black", linestyle="--", linewidth=2, marker="s", label=f"{proof['policy_arm']} (schedule)")
+    if np.any(~ok):
+        inv = True
+        ax.plot(x[~ok], y[~ok], **_INVALID)
+    ax.set_ylabel("aggregate throughput (output tok/s)")
+    _legend(ax, inv)
+    rows = [r for r in proof["per_level"] if r["ratio"] is not None]
+    c = np.array([r["concurrency"] for r in rows], dtype=float)
+    ratio = np.array([r["ratio"] for r in rows], dtype=float)
+    lo = np.array([np.nan if r["ratio_lo"] is None else r["ratio_lo"] for r in rows], dtype=float)
+    hi = np.array([np.nan if r["ratio_hi"] is None else r["ratio_hi"] for r in rows], dtype=float)
+    ax2.plot(c, ratio, color="black", marker="s", label="policy / best fixed arm")
+    ax2.fill_between(c, lo, hi, color="black", alpha=0.15, label="95% interval")
+    fails = np.array([r["status"] == "fails" for r in rows], dtype=bool)
+    if np.any(fails):
+        ax2.plot(c[fails], ratio[fails], "x", color="red", markersize=10, label="policy fails here")
+    ax2.axhline(1.0, color="gray", linewidth=1)
+    log_c_axis(ax2, c)
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.set_xlabel("concurrency C (requests in flight)")
+    ax2.set_ylabel("policy / best fixed")
+    ax2.legend(fontsize="small")
+    _title(fig, f"Policy {family}: schedule {proof.get('schedule')}", result)
+    return save_figure(fig, out_dir / f"policy_{family}")

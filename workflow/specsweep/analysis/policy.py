@@ -25,7 +25,16 @@ from typing import Any
 
 import yaml
 
-__all__ = ["choose_threshold", "dump_yaml", "engine_policy", "policy_document", "speculative_tokens"]
+from specsweep.engines.speculation import apply_text, sim_args, threshold_schedule, vllm_speculative_config
+
+__all__ = [
+    "choose_threshold",
+    "dump_yaml",
+    "engine_policy",
+    "policy_document",
+    "schedule_entries",
+    "speculative_tokens",
+]
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -163,25 +172,15 @@ def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
     return None
 
 
-def _schedule(n: int, k: int, upper: int) -> list[list[int]]:
-    """'Speculate with K while running requests <= n' as vLLM's inclusive [[start, end, K], ...] ranges."""
-    if n <= 0:
-        return [[1, upper, 0]]
-    if n >= upper:
-        return [[1, upper, k]]
-    return [[1, n, k], [n + 1, upper, 0]]
-
-
 def _sim(n: int, variant: dict[str, Any], max_level: float) -> dict[str, Any]:
     """The simulated engine applies the same schedule per step as vLLM (`serve-sim --spec-schedule`)."""
     from specsweep.sim.profile import load_profile
 
     k = load_profile(variant.get("profile") or "demo").speculative.draft_tokens
-    upper = max(1024, int(max_level))
-    sched = _schedule(n, k, upper)
+    sched = threshold_schedule(n, k, max(1024, int(max_level)))
     return {
         "num_speculative_tokens_per_batch_size": sched,
-        "server_args": ["--spec-schedule", json.dumps(sched, separators=(",", ":"))],
+        "server_args": sim_args({"schedule": sched}),
         "note": (
             "add server_args to a speculative arm to serve the schedule (K per running requests, switched each "
             "step as vLLM does; switching re-prefills the draft model, docs/sim.md); measure it as an arm"
@@ -200,8 +199,8 @@ def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float
             "use [[1, N, K], [N+1, max_num_seqs, 0]] with the arm's K"
         )
         return out
-    sched = _schedule(n, k, upper)
-    cfg = _speculative_config(arm)
+    sched = threshold_schedule(n, k, upper)
+    cfg = vllm_speculative_config(_speculative_config(arm), None, sched if n > 0 else None)
     cfg["num_speculative_tokens_per_batch_size"] = sched
     out["num_speculative_tokens_per_batch_size"] = sched
     out["speculative_config"] = cfg
@@ -319,3 +318,44 @@ def policy_document(
         entry[engine or "engine"] = engine_policy(engine, t["threshold"], arms_cfg.get(name), variant_cfg, max_level)
         doc["arms"][name] = entry
     return doc
+
+
+def schedule_entries(
+    schedules: dict[str, Any], proof: dict[str, Any], engine: str, argvs: dict[str, list[str]]
+) -> dict[str, Any]:
+    """policy.yaml `schedules`: per speculative arm of the config, the schedule (K per running requests), how
+    it was chosen, whether its policy arm proved it, and exactly what to paste into the engine's flags.
+
+    `argvs`: each family's server arguments as configured (variant, arm, variant-per-arm)."""
+    out: dict[str, Any] = {}
+    for family, entry in (schedules.get("families") or {}).items():
+        sched = entry.get("schedule")
+        p = proof.get(family) or {}
+        block: dict[str, Any] = {
+            "schedule": sched,
+            "meaning": "[[first, last, K], ...]: K draft tokens while first..last requests are running (0: none)",
+            "rule": entry.get("rule"),
+            "reason": entry.get("reason"),
+        }
+        if p:
+            block["proof"] = {
+                "verdict": p.get("verdict"),
+                "failing_levels": p.get("failing_levels"),
+                "policy_over_best_fixed": {
+                    f"C={r['concurrency']:g}": (
+                        None
+                        if r["ratio"] is None
+                        else f"{r['ratio']:.3f} [{_num(r['ratio_lo'])}, {_num(r['ratio_hi'])}] vs {r['best_fixed_arm']}"
+                    )
+                    for r in p.get("per_level") or []
+                },
+            }
+        if sched:
+            file = entry.get("file") or f"{family}.sglang-adaptive.json"
+            block[engine or "engine"] = apply_text(engine, argvs.get(family, []), sched, file)
+        out[family] = block
+    return out
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"

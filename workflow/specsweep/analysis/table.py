@@ -123,7 +123,46 @@ def format_table(result: dict[str, Any]) -> str:
         for note in (ar.get("verdict") or {}).get("notes") or []:
             lines.append(f"{name}: note: {note}")
         lines.append(_policy_line(name, ar, result.get("policy_rule", "crossover_lower")))
+    lines += _proof_lines(result, conf)
     return "\n".join(lines)
+
+
+def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:
+    """Per family: its schedule and the policy arm against the best fixed arm, level by level."""
+    lines = []
+    for family, sched in (result.get("schedules") or {}).items():
+        proof = (result.get("policy_proof") or {}).get(family) or {}
+        choices = sched.get("per_level") or []
+        if len(sched.get("members") or {}) > 1 and choices:
+            lines.append(
+                f"{family}: best draft length per level (smallest within the noise): "
+                + ", ".join(f"C={c['concurrency']:g} K={c['k']}" for c in choices)
+            )
+        lines.append(f"{family}: schedule {sched.get('schedule')} ({sched.get('rule')})")
+        if not proof.get("per_level"):
+            if proof:
+                lines.append(f"{proof['policy_arm']}: {proof['verdict']}")
+            continue
+        arm = proof["policy_arm"]
+        lines.append(
+            f"{result.get('experiment')}/{result.get('variant')}: {arm} vs the best fixed arm per level "
+            f"({proof['source']}; metric {proof['metric']})"
+        )
+        lines.append(
+            f"{'C':>6} | {'best fixed arm':>14} | {'best':>8} | {'policy':>8} | {f'policy/best [{conf}% CI]':<24} | "
+            "status     | same output"
+        )
+        for r in proof["per_level"]:
+            ci = f"{_fmt(r['ratio'])} [{_fmt(r['ratio_lo'])}, {_fmt(r['ratio_hi'])}]"
+            m = r.get("output_match") or {}
+            same = "-" if m.get("share") is None else f"{100 * m['share']:.1f}%"
+            lines.append(
+                f"{_fmt(r['concurrency'], 6):>6} | {r['best_fixed_arm'] or '-':>14} | {_fmt(r['best_value'], 5):>8} | "
+                f"{_fmt(r['policy_value'], 5):>8} | {ci:<24} | {r['status']:<10} | {same:>11}"
+            )
+        approx = " (SGLang approximation: K=0 ranges draft 1 step)" if proof.get("approximate") else ""
+        lines.append(f"{arm}: policy {proof['verdict']}{approx}")
+    return lines
 
 
 def table_csv(result: dict[str, Any]) -> str:

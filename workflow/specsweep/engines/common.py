@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -237,19 +238,24 @@ def real_server_spec(
     port: int,
     readiness_paths: tuple[str, ...],
     default_backend: str,
+    speculation: Callable[[list[str], dict[str, Any]], list[str]] | None = None,
 ) -> ServerSpec:
     """A real engine's server: launcher, host/port, the variant's then the arm's flags, the API key last.
 
     Argument order: variant `server_args`, arm `server_args`, the variant's `arm_server_args[arm]`. The arm's
-    `speculative` flag must agree with the speculative flags it ends up with.
+    `speculative` flag must agree with the speculative flags it ends up with. `speculation` writes the arm's
+    draft length or schedule into those flags (engines/speculation.py).
     """
     host = host or variant.get("host") or DEFAULT_HOST
     vargs = as_args(variant.get("server_args"), "variant")
     aargs = as_args(arm.get("server_args"), f"arm {arm_name}")
     extra = as_args((variant.get("arm_server_args") or {}).get(arm_name), f"arm_server_args.{arm_name}")
     check_speculation(engine, arm_name, arm, vargs + aargs + extra, speculative_prefix)
+    own = [*vargs, *aargs, *extra]
+    if speculation is not None and arm.get("speculative"):
+        own = speculation(own, arm)
     key_args, secret = api_key_args(variant)
-    argv = [*launcher, "--host", str(host), "--port", str(int(port)), *vargs, *aargs, *extra, *key_args]
+    argv = [*launcher, "--host", str(host), "--port", str(int(port)), *own, *key_args]
     env = {**server_env(variant), **{str(k): str(v) for k, v in (arm.get("env_vars") or {}).items()}}
     cpus = server_cpus(variant)
     return ServerSpec(

@@ -15,6 +15,7 @@ import aiohttp
 
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.common import auth_headers, get_json, post_flush_cache, real_server_spec, require_model
+from specsweep.engines.speculation import sglang_args
 
 # ---- the engine -------------------------------------------------------------------------------------------
 
@@ -47,7 +48,17 @@ class SGLangEngine:
             str(int(variant.get("tp", 1))),
         ]
         return real_server_spec(
-            self.name, launcher, "--speculative-", variant, arm_name, arm, host, port, self.readiness_paths, "sglang"
+            self.name,
+            launcher,
+            "--speculative-",
+            variant,
+            arm_name,
+            arm,
+            host,
+            port,
+            self.readiness_paths,
+            "sglang",
+            speculation=sglang_args,
         )
 
     async def server_info(self, session: Any, base_url: str) -> dict[str, Any]:

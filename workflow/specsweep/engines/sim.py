@@ -18,6 +18,7 @@ from specsweep.engines.common import (
     server_cpus,
 )
 from specsweep.engines.sglang import summarize_server_info
+from specsweep.engines.speculation import sim_args
 
 
 class SimEngine:
@@ -46,6 +47,8 @@ class SimEngine:
         argv += list(variant.get("server_args", []))
         argv += list(arm.get("server_args", []))
         argv += list(variant.get("arm_server_args", {}).get(arm_name, []))
+        if arm["speculative"]:
+            argv += sim_args(arm)
         key_args, secret = api_key_args(variant)
         return ServerSpec(
             engine=self.name,

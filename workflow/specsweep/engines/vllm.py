@@ -30,6 +30,7 @@ from specsweep.engines.common import (
     real_server_spec,
     require_model,
 )
+from specsweep.engines.speculation import vllm_args
 
 
 def speculative_config_from_argv(argv: list[str]) -> dict[str, Any] | None:
@@ -71,7 +72,17 @@ class VLLMEngine:
             str(int(variant.get("tp", 1))),
         ]
         spec = real_server_spec(
-            self.name, launcher, "--speculative", variant, arm_name, arm, host, port, self.readiness_paths, "openai"
+            self.name,
+            launcher,
+            "--speculative",
+            variant,
+            arm_name,
+            arm,
+            host,
+            port,
+            self.readiness_paths,
+            "openai",
+            speculation=vllm_args,
         )
         spec = dataclasses.replace(spec, env=launch_env(spec.env, spec.cpus, bool(variant.get("gpus"))))
         self._spec_config[spec.base_url] = speculative_config_from_argv(spec.argv)

@@ -26,8 +26,11 @@ import pandas as pd
 from specsweep.analysis.adaptive import AdaptiveSettings, next_levels
 from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
+from specsweep.analysis.proof import policy_proof
+from specsweep.analysis.schedule import derive_schedules
 from specsweep.client.loadgen import warmup_count
-from specsweep.config import ConfigError, load, requests_for
+from specsweep.config import ConfigError, fixed_arms, load, policy_arms, requests_for, speculative_arms
+from specsweep.sim.engine import parse_schedule
 from specsweep.sim.predict import CLIENT_TURNAROUND_S, level_records, run_level
 from specsweep.sim.profile import Profile, load_profile
 from specsweep.summary import cell_identity, judged, summary_body
@@ -48,6 +51,8 @@ class PlannedSweep:
     server_starts: dict[str, int]
     rounds: list[dict[str, Any]] = field(default_factory=list)  # adaptive rounds: added levels, why it stopped
     crossover: dict[str, dict[str, Any]] = field(default_factory=dict)  # per speculative arm
+    schedules: dict[str, Any] = field(default_factory=dict)  # per family: the derived schedule (None: none)
+    proof: dict[str, Any] = field(default_factory=dict)  # per family: the policy arm against the best fixed arm
 
     @property
     def total_s(self) -> float:
@@ -70,6 +75,11 @@ class PlannedSweep:
             "server_starts": self.server_starts,
             "total_s": self.total_s,
             "rounds": self.rounds,
+            "schedules": self.schedules,
+            "policy_proof": {
+                f: {k: p.get(k) for k in ("verdict", "failing_levels", "holds", "per_level")}
+                for f, p in self.proof.items()
+            },
             "crossover": {
                 a: {k: x.get(k) for k in ("estimate", "lo", "hi", "states")} | {"width": self.width(a)}
                 for a, x in self.crossover.items()
@@ -84,7 +94,11 @@ def virtual_cell(
     w = config["workload"]
     out = w["output_tokens"]
     output_tokens = out if isinstance(out, int) else int(round(np.mean(out["uniform"])))
-    speculative = bool(config["arms"][arm]["speculative"])
+    arm_cfg = config["arms"][arm]
+    speculative = bool(arm_cfg["speculative"])
+    if speculative and arm_cfg.get("draft_length"):
+        profile = profile.with_params({"speculative.draft_tokens": int(arm_cfg["draft_length"])})
+    schedule = parse_schedule(arm_cfg["schedule"]) if speculative and arm_cfg.get("schedule") else None
     n = requests_for(config, concurrency)
     frames, seconds = [], 0.0
     for r in range(config["repeats"]):
@@ -99,6 +113,7 @@ def virtual_cell(
             turnaround_s=CLIENT_TURNAROUND_S,
             stagger=w["stagger"],
             trace=True,
+            schedule=schedule,
         )
         df = level_records(level).assign(repeat=r)
         frames.append(df)
@@ -141,9 +156,9 @@ def plan_sweep(
     """The fixed grid (`adaptive` None: the config's grid and request counts, adaptive levels off) or adaptive
     levels, measured and analysed in virtual time."""
     config = {**config, "adaptive": {**config.get("adaptive", {}), "enabled": adaptive is not None}}
-    arms = list(config["arms"])
+    arms = fixed_arms(config)
     settings = AnalysisSettings.from_config(config)
-    spec_arms = [a for a in arms if config["arms"][a]["speculative"]]
+    spec_arms = speculative_arms(config)
     grid = sorted(int(c) for c in config["concurrency"])
     cells: dict[str, dict[float, Cell]] = {a: {} for a in arms}
     seconds = dict.fromkeys(arms, 0.0)
@@ -169,6 +184,21 @@ def plan_sweep(
                 break
             result = measure(step["add"])
     levels = sorted(int(c) for c in cells[arms[0]])
+    schedules = derive_schedules(config, variant, result, cells, settings)
+    proof: dict[str, Any] = {}
+    if policy_arms(config):
+        served = {a: {**config["arms"][a]} for a in policy_arms(config)}
+        for a, fam in policy_arms(config).items():
+            served[a]["schedule"] = schedules["families"].get(fam, {}).get("schedule")
+        policy_config = {**config, "arms": {**config["arms"], **served}}
+        for i, (a, arm) in enumerate(served.items()):
+            if not arm["schedule"]:
+                continue
+            cells[a], seconds[a], starts[a] = {}, server_start_s, 1
+            for c in levels:
+                cells[a][float(c)], s = virtual_cell(profile, policy_config, variant, a, c, seed * 7919 + 101 + i)
+                seconds[a] += s
+        proof = policy_proof(cells, policy_config["arms"], settings.baseline_arm, settings, schedules)
     return PlannedSweep(
         mode="adaptive" if adaptive is not None else "fixed",
         levels=levels,
@@ -177,6 +207,8 @@ def plan_sweep(
         server_starts=starts,
         rounds=rounds,
         crossover={a: result["arms"][a]["crossover"] or {} for a in spec_arms},
+        schedules={f: e.get("schedule") for f, e in schedules["families"].items()},
+        proof=proof,
     )
 
 
@@ -206,6 +238,18 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
         lines.append(f"          measuring: {cost}; total {p.total_s / 60:.1f} min")
         for a in spec_arms:
             lines.append(f"          {a}: crossover {_interval(p, a)}")
+        for fam, sched in p.schedules.items():
+            lines.append(f"          {fam}: schedule {sched}")
+            pr = p.proof.get(fam) or {}
+            if pr.get("per_level"):
+                shown = ", ".join(
+                    f"{r['concurrency']:g}: {r['ratio']:.3f} [{r['ratio_lo']:.3f}, {r['ratio_hi']:.3f}]"
+                    if r["ratio_lo"] is not None
+                    else f"{r['concurrency']:g}: -"
+                    for r in pr["per_level"]
+                )
+                lines.append(f"          {pr['policy_arm']} / best fixed arm: {shown}")
+                lines.append(f"          policy: {pr['verdict']}")
         if p.rounds:
             lines.append(
                 "          rounds: "
@@ -245,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     profile = load_profile(name)
     adaptive = AdaptiveSettings.from_config(config)
-    spec_arms = [a for a, arm in config["arms"].items() if arm["speculative"]]
+    spec_arms = speculative_arms(config)
     runs = []
     for seed in range(args.seeds):
         runs.append([plan_sweep(profile, config, variant, m, seed, args.server_start_s) for m in (None, adaptive)])

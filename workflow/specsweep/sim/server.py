@@ -591,6 +591,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer' (like SGLang)")
     parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --speculative: draft tokens per step (default: the profile's speculative.draft_tokens)",
+    )
+    parser.add_argument(
         "--spec-schedule",
         default=None,
         metavar="JSON",
@@ -626,6 +633,10 @@ async def serve(server: SimServer, host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    if args.draft_tokens is not None:
+        if not args.speculative or args.draft_tokens < 1:
+            raise SystemExit("--draft-tokens needs --speculative and K >= 1")
+        profile = profile.with_params({"speculative.draft_tokens": args.draft_tokens})
     schedule = None
     if args.spec_schedule is not None:
         if not args.speculative:

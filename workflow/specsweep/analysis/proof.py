@@ -1,0 +1,143 @@
+"""Proof that a policy works: the policy arm against the best fixed arm, level by level ("policy regret").
+
+A schedule derived from the sweep is a claim: "serving this gets the best of every draft length at every
+load". The policy arm serves it and is measured like any arm; here its primary metric is divided by that of
+the best fixed arm at the same level (the baseline or any draft length of its family, chosen by point value),
+with the interval of the ratio from the same bootstrap as every speedup. The policy fails at a level where
+the whole interval lies below 1, and holds where it reaches 1.
+
+Choosing the best of several noisy arms by point value favours an arm that was lucky, so the comparison
+leans against the policy: a policy that holds here holds against the fixed arms as they were measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, levels_text
+from specsweep.analysis.bootstrap import METRICS, CellBootstrap
+from specsweep.analysis.cells import Cell
+
+__all__ = ["best_fixed", "policy_proof"]
+
+ENVELOPE = "best fixed arm"
+
+
+def best_fixed(cells: dict[str, dict[float, Cell]], arms: list[str], metric: str, c: float) -> str | None:
+    """The arm with the best point value of `metric` at level `c` among valid cells of `arms`."""
+    spec = next(m for m in METRICS if m.name == metric)
+    scored = []
+    for arm in arms:
+        cell = cells.get(arm, {}).get(c)
+        if cell is None or not cell.valid:
+            continue
+        v = spec.value(cell.summary)
+        if v == v:  # not NaN
+            scored.append((v if spec.higher_is_better else -v, arm))
+    return max(scored)[1] if scored else None
+
+
+def _arm_proof(
+    cells: dict[str, dict[float, Cell]],
+    policy_arm: str,
+    fixed: list[str],
+    baseline: str,
+    settings: AnalysisSettings,
+    cache: dict[str, CellBootstrap],
+) -> dict[str, Any]:
+    metric = settings.primary_metric
+    envelope: dict[float, Cell] = {}
+    best_of: dict[float, str] = {}
+    for c in sorted(cells.get(policy_arm, {})):
+        arm = best_fixed(cells, fixed, metric, c)
+        if arm is not None:
+            envelope[c], best_of[c] = cells[arm][c], arm
+    regret = analyze_arm(
+        {ENVELOPE: envelope, policy_arm: cells.get(policy_arm, {})}, ENVELOPE, policy_arm, settings, cache
+    )
+    vs_base = analyze_arm(cells, baseline, policy_arm, settings, cache)
+    match = {r["concurrency"]: r.get("output_match") for r in vs_base["per_level"]}
+    rows, failing, unjudged = [], [], []
+    for r in regret["per_level"]:
+        c = r["concurrency"]
+        lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+        if not r["used"] or lo is None or hi is None:
+            status = "not judged"
+            unjudged.append(c)
+        elif hi < 1.0:
+            status = "fails"
+            failing.append(c)
+        elif lo > 1.0:
+            status = "better"
+        else:
+            status = "holds"
+        rows.append(
+            {
+                "concurrency": c,
+                "best_fixed_arm": best_of.get(c),
+                "policy_value": r.get("spec_value"),
+                "best_value": r.get("baseline_value"),
+                "ratio": r.get("speedup"),
+                "ratio_lo": lo,
+                "ratio_hi": hi,
+                "status": status,
+                "output_match": match.get(c),
+            }
+        )
+    shares = [m["share"] for m in match.values() if m]
+    if failing:
+        verdict = f"POLICY FAILS at C={levels_text(failing)}: below the best fixed arm beyond the noise"
+    elif not rows or len(unjudged) == len(rows):
+        verdict = "not judged: no level with a valid policy cell and a valid fixed arm"
+    else:
+        verdict = "holds at every judged level: within the noise of the best fixed arm, or above it"
+        if unjudged:
+            verdict += f" (C={levels_text(unjudged)} not judged: invalid or missing cells)"
+    return {
+        "policy_arm": policy_arm,
+        "fixed_arms": fixed,
+        "metric": metric,
+        "per_level": rows,
+        "failing_levels": failing,
+        "unjudged_levels": unjudged,
+        "holds": not failing and len(unjudged) < len(rows),
+        "verdict": verdict,
+        "output_match_min": min(shares) if shares else None,
+        "source": regret["source"],
+    }
+
+
+def policy_proof(
+    cells: dict[str, dict[float, Cell]],
+    arms_cfg: dict[str, Any],
+    baseline: str,
+    settings: AnalysisSettings,
+    schedules: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Per family with a policy arm: the schedule it served and its regret per level (crossover.json
+    `policy_proof`). Families whose schedule was not derived (inconclusive) say so instead."""
+    cache: dict[str, CellBootstrap] = {}
+    out: dict[str, Any] = {}
+    families = (schedules or {}).get("families", {})
+    for name, arm in arms_cfg.items():
+        if not arm.get("policy"):
+            continue
+        family = arm["family"]
+        sched = families.get(family, {})
+        if not cells.get(name):
+            out[family] = {
+                "policy_arm": name,
+                "schedule": sched.get("schedule"),
+                "verdict": f"not measured: {sched.get('reason') or 'no schedule'}",
+                "holds": None,
+            }
+            continue
+        fixed = [baseline, *(a for a, c in arms_cfg.items() if c.get("family") == family and not c.get("policy"))]
+        proof = _arm_proof(cells, name, fixed, baseline, settings, cache)
+        proof.update(
+            schedule=sched.get("schedule"),
+            schedule_rule=sched.get("rule"),
+            approximate=bool(sched.get("approximate")),
+        )
+        out[family] = proof
+    return out

@@ -1,0 +1,224 @@
+"""From measured draft lengths to a schedule: K per number of running requests, K=0 being plain decoding.
+
+Each speculative arm of the config is a family: its sub-arms `<arm>-k<K>` (or the arm itself, one K) and the
+baseline (K=0). Two rules, both conservative towards the smaller K (what a noisy measurement cannot tell
+apart, it does not pay to switch on):
+
+- One K (no `draft_lengths`): today's threshold (`policy.choose_threshold`): speculate with K while running
+  requests <= N, plain decoding above, as [[1, N, K], [N+1, upper, 0]].
+- Several K: per measured level, the best arm by point value, then the smallest K whose ratio to the best has
+  an interval reaching 1 (not shown worse); K=0 is within the noise when the best arm's speedup interval
+  reaches 1. Between two measured levels the larger K is kept only where it was measured best: going up to a
+  smaller K the boundary is the lower level, going up to a larger K it is just below the upper level. Below the
+  lowest and above the highest measured level the nearest level's choice holds.
+
+`policy.schedules` in the config replaces the derived schedule (a hand-made one, measured the same way).
+An inconclusive family (single K: an inconclusive verdict; several K: no usable level) gets no schedule and no
+policy arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from specsweep.analysis import decisions
+from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
+from specsweep.analysis.bootstrap import CellBootstrap
+from specsweep.analysis.cells import Cell
+from specsweep.analysis.policy import choose_threshold
+from specsweep.config import load_arg
+from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
+from specsweep.io import atomic_write_json
+
+__all__ = ["derive_schedules", "level_choices", "ranges_from_choices", "threshold_schedule"]
+
+
+def ranges_from_choices(choices: list[tuple[int, int]], upper: int) -> list[list[int]]:
+    """[(level, K)] sorted by level -> inclusive ranges covering 1..upper (module docstring's boundary rule)."""
+    if not choices:
+        return []
+    bounds: list[tuple[int, int]] = []  # (last batch size of a range, its K)
+    for (c0, k0), (c1, k1) in zip(choices, choices[1:], strict=False):
+        if k0 == k1:
+            continue
+        end = c0 if k1 < k0 else c1 - 1
+        bounds.append((max(end, bounds[-1][0] + 1 if bounds else 1), k0))
+    bounds.append((upper, choices[-1][1]))
+    out: list[list[int]] = []
+    start = 1
+    for end, k in bounds:
+        end = min(max(end, start), upper)
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
+        start = end + 1
+        if start > upper:
+            break
+    return out
+
+
+def level_choices(
+    cells: dict[str, dict[float, Cell]],
+    baseline: str,
+    members: dict[str, int],
+    settings: AnalysisSettings,
+    cache: dict[str, CellBootstrap] | None = None,
+) -> list[dict[str, Any]]:
+    """Per level where the baseline is usable: every candidate K (0 = baseline), the best, and the choice."""
+    cache = {} if cache is None else cache
+    pairs: dict[tuple[str, str], dict[float, dict[str, Any]]] = {}
+
+    def rows(ref: str, arm: str) -> dict[float, dict[str, Any]]:
+        """Per level: `arm` against `ref` (speedup > 1: arm better), with its interval."""
+        if (ref, arm) not in pairs:
+            res = analyze_arm(cells, ref, arm, settings, cache)
+            pairs[(ref, arm)] = {r["concurrency"]: r for r in res["per_level"] if r["used"]}
+        return pairs[(ref, arm)]
+
+    levels = sorted({c for m in members for c in rows(baseline, m)})
+    out = []
+    for c in levels:
+        cands = [{"arm": baseline, "k": 0, "speedup": 1.0}]
+        for arm, k in sorted(members.items(), key=lambda kv: kv[1]):
+            r = rows(baseline, arm).get(c)
+            if r is not None:
+                cands.append(
+                    {"arm": arm, "k": k, "speedup": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"]}
+                )
+        best = max(cands, key=lambda x: (x["speedup"], -x["k"]))
+        for cand in cands:
+            if cand["arm"] == best["arm"]:
+                cand.update(ratio=1.0, ratio_lo=1.0, ratio_hi=1.0, within_noise=True)
+                continue
+            if cand["k"] == 0:  # baseline / best = 1 / speedup(best)
+                lo, hi = best.get("lo"), best.get("hi")
+                cand.update(
+                    ratio=1.0 / best["speedup"],
+                    ratio_lo=None if hi is None else 1.0 / hi,
+                    ratio_hi=None if lo is None else 1.0 / lo,
+                )
+            else:
+                r = rows(best["arm"], cand["arm"]).get(c) or {}
+                cand.update(ratio=r.get("speedup"), ratio_lo=r.get("speedup_lo"), ratio_hi=r.get("speedup_hi"))
+            cand["within_noise"] = cand["ratio_hi"] is not None and cand["ratio_hi"] >= 1.0
+        chosen = next(x for x in cands if x["within_noise"])  # sorted by K: the smallest not shown worse
+        out.append(
+            {"concurrency": c, "best": best["arm"], "chosen": chosen["arm"], "k": chosen["k"], "candidates": cands}
+        )
+    return out
+
+
+def _family_schedule(
+    family: str,
+    members: dict[str, int],
+    result: dict[str, Any],
+    cells: dict[str, dict[float, Cell]],
+    settings: AnalysisSettings,
+    upper: int,
+    cache: dict[str, CellBootstrap],
+) -> dict[str, Any]:
+    baseline = result["baseline_arm"]
+    choices = level_choices(cells, baseline, members, settings, cache)
+    entry: dict[str, Any] = {"members": members, "upper": upper, "per_level": choices}
+    if len(members) == 1:
+        ((arm, k),) = members.items()
+        t = choose_threshold(result["arms"][arm], settings.policy_rule)
+        entry.update(rule=f"threshold ({settings.policy_rule})", threshold=t["threshold"], reason=t["reason"])
+        entry["schedule"] = None if t["threshold"] is None else threshold_schedule(t["threshold"], k, upper)
+        return entry
+    entry["rule"] = "best K per level, the smallest within the noise; boundaries at measured levels"
+    if not choices:
+        entry.update(schedule=None, reason="no level where the baseline and a draft length were both usable")
+        return entry
+    entry["schedule"] = ranges_from_choices([(int(x["concurrency"]), x["k"]) for x in choices], upper)
+    entry["reason"] = "; ".join(f"C={x['concurrency']:g}: K={x['k']} ({x['chosen']})" for x in choices)
+    return entry
+
+
+def derive_schedules(
+    config: dict[str, Any],
+    variant: str,
+    result: dict[str, Any],
+    cells: dict[str, dict[float, Cell]],
+    settings: AnalysisSettings,
+    file_dir: Path | None = None,
+) -> dict[str, Any]:
+    """schedule.json's body: per family, the schedule the policy arm serves and how it was chosen."""
+    arms = config["arms"]
+    vcfg = config["variants"][variant]
+    engine = vcfg["engine"]
+    max_level = max((c for by in cells.values() for c in by), default=0)
+    cache: dict[str, CellBootstrap] = {}
+    fams: dict[str, Any] = {}
+    for family in dict.fromkeys(a["family"] for a in arms.values() if a.get("family") and not a.get("policy")):
+        names = [n for n, a in arms.items() if a.get("family") == family and not a.get("policy")]
+        argvs = {
+            n: [
+                *vcfg.get("server_args", []),
+                *arms[n].get("server_args", []),
+                *vcfg.get("arm_server_args", {}).get(n, []),
+            ]
+            for n in names
+        }
+        members = {n: configured_k(engine, arms[n], argvs[n], vcfg.get("profile")) for n in names}
+        missing = [n for n, k in members.items() if k is None]
+        upper = batch_upper(engine, argvs[names[0]], max_level)
+        if missing:
+            fams[family] = {"schedule": None, "reason": f"draft length of {missing} unknown: set draft_length"}
+            continue
+        override = (config.get("policy") or {}).get("schedules", {}).get(family)
+        entry = _family_schedule(family, members, result, cells, settings, upper, cache)
+        if override:
+            entry.update(derived=entry.get("schedule"), schedule=[list(map(int, e)) for e in override])
+            entry["rule"] = "given in the config (policy.schedules)"
+        if engine == "sglang" and entry.get("schedule") and file_dir is not None:
+            cfg, unreachable = sglang_adaptive_config(entry["schedule"])
+            path = file_dir / f"{family}.sglang-adaptive.json"
+            atomic_write_json(path, cfg)
+            entry.update(file=str(path), approximate=bool(unreachable), unreachable_ranges=unreachable)
+        fams[family] = entry
+    return {"variant": variant, "engine": engine, "baseline_arm": result["baseline_arm"], "families": fams}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--decision", required=True, help="what the schedule depends on: policy, arms, rule (JSON)")
+    parser.add_argument("--judging", required=True, help="how cells are judged: gates, slo, analysis, arms, variants")
+    parser.add_argument("--summaries", type=Path, nargs="+", required=True, help="the fixed arms' cells")
+    parser.add_argument("--out", type=Path, required=True, help="schedule.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    from specsweep.analysis.cli import analyze_cells
+
+    decision, config = load_arg(args.decision), load_arg(args.judging)
+    key = decisions.decision_key(decision, args.summaries)
+    doc = decisions.kept(args.out.parent, "schedule", key)
+    if doc is None:
+        settings = AnalysisSettings.from_config(config)
+        result, cells = analyze_cells(config, args.variant, summaries=args.summaries, settings=settings)
+        doc = derive_schedules(config, args.variant, result, cells, settings, args.out.parent / "policy")
+        doc.update(decision_key=key, judged_with={k: config.get(k) for k in ("gates", "slo", "analysis")})
+        decisions.keep(args.out.parent, "schedule", key, doc)
+        how = "derived"
+    else:
+        how = "kept (same cells and policy settings)"
+    atomic_write_json(args.out, doc)
+    print(f"{args.variant}: schedules {how}")
+    for family, entry in doc["families"].items():
+        print(f"  {family}: {entry.get('schedule')}  ({entry.get('rule', '')}; {entry.get('reason', '')})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specsweep schedule", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

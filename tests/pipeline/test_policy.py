@@ -2,9 +2,9 @@
 policy arm measured at every level, and the proof (policy regret) in the table, crossover.json and MLflow.
 
 First a deliberately wrong schedule (`policy.schedules`: speculate with K=3 at every load) on the demo profile,
-where speculation loses under load: the proof must fail at C=100 (the baseline is the best fixed arm there)
-and hold at C=2. Then the derived schedule: only the schedule, the policy arm and the analysis rerun, the
-fixed arms are not measured again, and the policy holds at every level.
+where speculation with K=3 loses under load: the proof must fail at C=100 (where plain decoding or K=1 is the
+best fixed arm) and hold at C=2. Then the derived schedule (at C=100 a smaller K than 3): only the schedule, the policy arm and
+the analysis rerun, the fixed arms are not measured again, and the policy holds at every level.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ CONFIG = {
     "concurrency": [2, 100],
     "workload": {
         "input_tokens": 16,
-        "output_tokens": 16,
-        "requests": {"per_concurrency": 4, "floor": 8},
+        "output_tokens": 32,
+        "requests": {"per_concurrency": 8, "floor": 16},  # narrow enough intervals at C=100 to tell 0.8 from 1
         "warmup_requests": 1,
     },
     "analysis": {"bootstrap_samples": 300},
@@ -68,7 +68,7 @@ def test_a_wrong_schedule_fails_the_proof_where_speculation_loses(wrong_run: Pat
     proof = result["policy_proof"]["eagle3"]
     assert proof["schedule"] == WRONG and result["schedules"]["eagle3"]["derived"] != WRONG
     rows = {r["concurrency"]: r for r in proof["per_level"]}
-    assert rows[100]["best_fixed_arm"] == "baseline" and rows[100]["status"] == "fails"
+    assert rows[100]["best_fixed_arm"] != "eagle3-k3" and rows[100]["status"] == "fails"
     assert rows[2]["best_fixed_arm"] != "baseline" and rows[2]["status"] in ("holds", "better")
     assert proof["failing_levels"] == [100] and proof["holds"] is False
     assert all(r["output_match"]["share"] == 1.0 for r in proof["per_level"])  # same text, only the speed differs
@@ -97,8 +97,10 @@ def test_the_derived_schedule_reruns_only_the_policy_arm_and_holds(wrong_run: Pa
     assert new and all("eagle3-policy" in e for e in new), new
     result = json.loads((_variant(wrong_run) / "crossover.json").read_text())
     derived = result["schedules"]["eagle3"]
-    assert derived["schedule"][-1][2] == 0 and derived["schedule"][0][0] == 1  # plain decoding at high load
-    assert [x["k"] for x in derived["per_level"]][-1] == 0
+    chosen = {x["concurrency"]: x["k"] for x in derived["per_level"]}
+    assert chosen[100] < 3  # K=3 loses at C=100: plain decoding or K=1 there, whichever the noise cannot separate
+    covering = next(k for first, last, k in derived["schedule"] if first <= 100 <= last)
+    assert covering == chosen[100] and derived["schedule"][0][0] == 1
     proof = result["policy_proof"]["eagle3"]
     assert proof["schedule"] == derived["schedule"]
     assert proof["holds"], proof["verdict"]

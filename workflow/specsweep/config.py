@@ -344,6 +344,7 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
         "gates": config["gates"],
         "slo": config["slo"],
         "arms": config["arms"],
+        "policy": config["policy"],
         "variants": {v: config["variants"][v] for v in variants},
     }
 

@@ -99,6 +99,21 @@ def describe(res: Path) -> list[dict[str, Any]]:
                     "threshold": (out.get("policy") or {}).get(arm, {}).get("threshold"),
                 }
             )
+        for family, proof in (out.get("policy_proof") or {}).items():
+            ratios = ", ".join(
+                f"{r['concurrency']:g}: {_f(r['ratio'])} [{_f(r['ratio_lo'])}, {_f(r['ratio_hi'])}]"
+                for r in proof.get("per_level") or []
+            )
+            rows.append(
+                {
+                    "variant": out["variant"],
+                    "arm": proof.get("policy_arm", f"{family}-policy"),
+                    "verdict": "policy " + ("holds" if proof.get("holds") else str(proof.get("verdict"))[:60]),
+                    "schedule": proof.get("schedule"),
+                    "regret": ratios,
+                    "output_match_min": proof.get("output_match_min"),
+                }
+            )
     summaries = list(res.glob("*/*/c*/summary.json"))
     valid = sum(read_judged(p.parent, defaults("gates"))[0]["validity"]["valid"] for p in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
@@ -132,6 +147,14 @@ def main() -> int:
     print("\nrun | variant/arm | valid | verdict | crossover [interval] | threshold | wall")
     for r in table:
         wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f} s"
+        if "schedule" in r:
+            same = r["output_match_min"]
+            print(
+                f"{r['run']:>3} | {r['variant']}/{r['arm']} | {r['valid']} | {r['verdict']} | schedule "
+                f"{r['schedule']} | policy/best {r['regret']} | same output >= "
+                + ("-" if same is None else f"{100 * same:.1f}%")
+            )
+            continue
         print(
             f"{r['run']:>3} | {r['variant']}/{r['arm']} | {r['valid']} | {r['verdict']} | "
             f"{_f(r['estimate'])} [{_f(r['lo'])}, {_f(r['hi'])}] | {_f(r['threshold'])} | {wall}"

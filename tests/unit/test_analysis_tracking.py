@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specsweep.final import final_text
-from specsweep.tracking import _crossover_numbers, _verdict_tags
+from specsweep.tracking import _crossover_numbers, _curves, _verdict_tags, cell_metrics, sweep_params
 
 pytestmark = pytest.mark.unit
 
@@ -89,3 +89,64 @@ def test_final_print_with_an_inconclusive_crossover(tmp_path: Path) -> None:
     text = final_text(config)
     assert "eagle3: policy: INCONCLUSIVE, no threshold" in text and "add levels: 2, 4, 8" in text
     assert "cannot show the table" in text  # a malformed file is named, not fatal
+
+
+def _summary(c: int, valid: bool, n_requests: int, repeats: int = 1) -> dict[str, Any]:
+    return {
+        "cell": {"variant": "sim", "arm": "eagle3", "concurrency": c},
+        "engine": "sim",
+        "source": "simulated",
+        "workload": {"n_requests": n_requests, "output_tokens": 64, "prompt_set_sha256": f"p{c}"},
+        "server": {"identity": "abc", "command": ["serve-sim"]},
+        "metrics": {
+            "n_repeats": repeats,
+            "output_tok_s_steady": 100.0 * c,
+            "repeat_spread": {"output_tok_s_steady": {"sd": 1.0}},
+            "tokens_per_chunk": {"mean": 2.5, "histogram": {"1": 3, "2": 4}},
+        },
+        "validity": {"valid": valid, "reasons": [] if valid else ["machine busy"]},
+    }
+
+
+def test_cell_metrics_carry_something() -> None:
+    """No spread over one repeat, no histogram buckets (they stay in summary.json)."""
+    one = cell_metrics(_summary(4, True, 16))
+    assert "repeat_spread.output_tok_s_steady.sd" not in one and not [k for k in one if "histogram" in k]
+    assert one["tokens_per_chunk.mean"] == 2.5 and one["valid"] == 1.0
+    assert "repeat_spread.output_tok_s_steady.sd" in cell_metrics(_summary(4, True, 16, repeats=3))
+
+
+def test_sweep_params_are_true_for_the_whole_sweep() -> None:
+    params = sweep_params([_summary(1, True, 8), _summary(4, False, 16)])
+    assert "workload.n_requests" not in params and "workload.prompt_set_sha256" not in params  # differ per cell
+    assert params["workload.output_tokens"] == 64 and params["server.identity"] == "abc"
+    assert params["levels"] == "1,4" and params["n_requests_by_level"] == "1:8,4:16"
+    assert params["invalid_levels"] == "4"
+
+
+def test_crossover_curves_are_step_logged_by_concurrency() -> None:
+    data = {
+        "arms": {
+            "eagle3": {
+                "per_level": [
+                    {"concurrency": 1.0, "used": True, "speedup": 1.5, "speedup_lo": 1.4, "speedup_hi": 1.6},
+                    {"concurrency": 30.0, "used": False, "speedup": 0.9, "speedup_lo": None, "speedup_hi": None},
+                ]
+            }
+        },
+        "policy_proof": {
+            "eagle3": {
+                "policy_arm": "eagle3-policy",
+                "per_level": [{"concurrency": 1.0, "ratio": 1.01, "ratio_lo": 0.95, "ratio_hi": 1.07}],
+            }
+        },
+    }
+    got = {(m.key, m.step): m.value for m in _curves(data)}
+    assert got == {
+        ("eagle3.speedup", 1): 1.5,
+        ("eagle3.speedup_lo", 1): 1.4,
+        ("eagle3.speedup_hi", 1): 1.6,  # C=30 was left out of the analysis (invalid): not on the curve
+        ("eagle3-policy.policy_over_best", 1): 1.01,
+        ("eagle3-policy.policy_over_best_lo", 1): 0.95,
+        ("eagle3-policy.policy_over_best_hi", 1): 1.07,
+    }

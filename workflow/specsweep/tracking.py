@@ -150,10 +150,33 @@ def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The cell's metrics worth a chart: no spread over repeats when there is one repeat (it carries nothing),
+    no histogram buckets (they stay in the summary.json artifact)."""
     out: dict[str, float] = {}
-    flatten("", summary.get("metrics") or {}, out)
+    metrics = dict(summary.get("metrics") or {})
+    if (metrics.get("n_repeats") or 1) < 2:
+        metrics.pop("repeat_spread", None)
+    flatten("", metrics, out)
+    out = {k: v for k, v in out.items() if ".histogram." not in k}
     out["valid"] = float(bool(summary["validity"]["valid"]))
     return out
+
+
+def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Params true for the whole sweep: a cell param only where every cell has the same value; the levels,
+    the requests per level and the invalid levels as lists."""
+    per_cell = [cell_params(s) for s in summaries]
+    shared = {
+        k: v for k, v in per_cell[0].items() if k not in ("concurrency",) and all(p.get(k) == v for p in per_cell[1:])
+    }
+    levels = [int(s["cell"]["concurrency"]) for s in summaries]
+    shared["levels"] = ",".join(map(str, levels))
+    shared["n_requests_by_level"] = ",".join(
+        f"{c}:{(s.get('workload') or {}).get('n_requests')}" for c, s in zip(levels, summaries, strict=True)
+    )
+    bad = [c for c, s in zip(levels, summaries, strict=True) if not s["validity"]["valid"]]
+    shared["invalid_levels"] = ",".join(map(str, bad)) or "none"
+    return shared
 
 
 def judged_cell(tracker: Tracker, summary_path: Path) -> dict[str, Any]:
@@ -203,17 +226,21 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     experiment = tracker.config["experiment"]
     cell_runs: dict[int, str] = {}
     steps: list[tuple[int, dict[str, float]]] = []
+    summaries: list[dict[str, Any]] = []
     for path in sorted(summary_paths, key=lambda p: read_json(p)["cell"]["concurrency"]):
         summary = judged_cell(tracker, path)
+        summaries.append(summary)
         c = int(summary["cell"]["concurrency"])
         cell_runs[c] = log_cell(tracker, path, summary)
-        steps.append((c, cell_metrics(summary)))
+        # the curves hold valid cells only; `cell_valid` (1/0 at every level) shows where the gaps are
+        steps.append((c, cell_metrics(summary) if summary["validity"]["valid"] else {"valid": 0.0}))
+        steps[-1][1]["cell_valid"] = float(bool(summary["validity"]["valid"]))
     sweep_key = f"{experiment}/{variant}/{arm}"
     digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
     sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
     if sweep_id is None:
-        first = read_json(summary_paths[0]) if summary_paths else {}
+        first = summaries[0] if summaries else {}
         tags = {
             f"{TAG}.kind": "sweep",
             f"{TAG}.sweep_key": sweep_key,
@@ -223,8 +250,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
             f"{TAG}.source": str(first.get("source")),
             f"{TAG}.cells_sha256": digest,
         }
-        params = {"variant": variant, "arm": arm, "levels": ",".join(map(str, sorted(cell_runs)))}
-        params.update({k: v for k, v in cell_params(first).items() if k.startswith(("workload.", "server."))})
+        params = {"variant": variant, "arm": arm, **sweep_params(summaries)} if summaries else {"arm": arm}
         sweep_id = tracker.new_run(f"{variant}/{arm} sweep", tags, params, {}, steps)
         tracker.finish(sweep_id)
     tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
@@ -274,24 +300,45 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     }
     tags.update({f"{TAG}.policy.{f}": "holds" if p["holds"] else "fails" for f, p in proofs.items()})
     run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)
-    for proof in proofs.values():  # per level, step = concurrency: the MLflow chart is the regret curve
-        for r in proof["per_level"]:
-            for key in ("ratio", "ratio_lo", "ratio_hi"):
-                v = _number(r.get(key))
-                if v is not None:
-                    name = f"{proof['policy_arm']}.policy_over_best{key[5:]}"
-                    tracker.client.log_metric(run_id, name, v, step=int(r["concurrency"]))
+    curves = _curves(data)
+    for i in range(0, len(curves), 1000):  # MLflow takes at most 1000 metrics per batch
+        tracker.client.log_batch(run_id, metrics=curves[i : i + 1000])
     out_dir = crossover_path.parent
     tracker.client.log_artifact(run_id, str(crossover_path))
     for name in ("policy.yaml",):
         if (out_dir / name).is_file():
             tracker.client.log_artifact(run_id, str(out_dir / name))
-    if (out_dir / "plots").is_dir():
-        tracker.client.log_artifacts(run_id, str(out_dir / "plots"), artifact_path="plots")
+    if (out_dir / "plots").is_dir():  # not Snakemake's .snakemake_timestamp of the directory output
+        for plot in sorted(p for p in (out_dir / "plots").iterdir() if p.is_file() and not p.name.startswith(".")):
+            tracker.client.log_artifact(run_id, str(plot), artifact_path="plots")
     tracker.client.log_dict(run_id, {"cell_run_ids": cell_runs, "sweeps": sweeps}, "cell_runs.json")
     tracker.finish(run_id)
     tracker.retire(existing, keep=run_id, why="crossover recomputed")
     return {"crossover_run_id": run_id, "cell_run_ids": cell_runs}
+
+
+def _curves(data: dict[str, Any]) -> list[Any]:
+    """Per-level metrics of the crossover run, step = concurrency (MLflow charts them against C): each arm's
+    speedup with its interval, and each policy arm's throughput over the best fixed arm's."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    out = []
+    for arm_name, result in (data.get("arms") or {}).items():
+        for r in result.get("per_level") or []:
+            for key in ("speedup", "speedup_lo", "speedup_hi"):
+                v = _number(r.get(key)) if r.get("used") else None
+                if v is not None:
+                    out.append(Metric(f"{arm_name}.{key}", v, now, int(r["concurrency"])))
+    for proof in (data.get("policy_proof") or {}).values():
+        for r in proof.get("per_level") or []:
+            for key in ("ratio", "ratio_lo", "ratio_hi"):
+                v = _number(r.get(key))
+                if v is not None:
+                    out.append(
+                        Metric(f"{proof['policy_arm']}.policy_over_best{key[5:]}", v, now, int(r["concurrency"]))
+                    )
+    return out
 
 
 def _number(v: Any) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,18 @@ def test_proof_fails_where_the_policy_is_below_the_best_fixed_arm(tmp_path: Path
         64: "baseline",
     }
     assert not proof["holds"] and "FAILS at C=16, 64" in proof["verdict"]
+
+
+def test_sglang_adaptive_file_follows_schedule_json(tmp_path: Path) -> None:
+    """The schedule job writes SGLang's adaptive config from schedule.json, also when it keeps a decision:
+    a lost file comes back with the job, never a stale one."""
+    from specsweep.analysis.schedule import write_engine_files
+
+    path = tmp_path / "policy" / "eagle3.sglang-adaptive.json"
+    doc = {"engine": "sglang", "families": {"eagle3": {"schedule": [[1, 8, 3], [9, 256, 0]], "file": str(path)}}}
+    write_engine_files(doc)
+    assert json.loads(path.read_text()) == {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}
+    path.unlink()
+    write_engine_files(doc)
+    assert path.is_file()
+    write_engine_files({"engine": "vllm", "families": {"ngram": {"schedule": [[1, 64, 1]]}}})  # nothing to write

@@ -33,7 +33,7 @@ from specsweep.config import load_arg
 from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
 from specsweep.io import atomic_write_json
 
-__all__ = ["derive_schedules", "level_choices", "ranges_from_choices", "threshold_schedule"]
+__all__ = ["derive_schedules", "level_choices", "ranges_from_choices", "threshold_schedule", "write_engine_files"]
 
 
 def ranges_from_choices(choices: list[tuple[int, int]], upper: int) -> list[list[int]]:
@@ -176,12 +176,23 @@ def derive_schedules(
             entry.update(derived=entry.get("schedule"), schedule=[list(map(int, e)) for e in override])
             entry["rule"] = "given in the config (policy.schedules)"
         if engine == "sglang" and entry.get("schedule") and file_dir is not None:
-            cfg, unreachable = sglang_adaptive_config(entry["schedule"])
+            _, unreachable = sglang_adaptive_config(entry["schedule"])
             path = file_dir / f"{family}.sglang-adaptive.json"
-            atomic_write_json(path, cfg)
             entry.update(file=str(path), approximate=bool(unreachable), unreachable_ranges=unreachable)
         fams[family] = entry
-    return {"variant": variant, "engine": engine, "baseline_arm": result["baseline_arm"], "families": fams}
+    doc = {"variant": variant, "engine": engine, "baseline_arm": result["baseline_arm"], "families": fams}
+    write_engine_files(doc)
+    return doc
+
+
+def write_engine_files(doc: dict[str, Any]) -> None:
+    """The files an engine reads its schedule from (SGLang's adaptive config), written from schedule.json
+    whether the schedule was just derived or kept, so a lost file comes back with the schedule job."""
+    if doc.get("engine") != "sglang":
+        return
+    for entry in doc["families"].values():
+        if entry.get("schedule") and entry.get("file"):
+            atomic_write_json(entry["file"], sglang_adaptive_config(entry["schedule"])[0])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         how = "derived"
     else:
         how = "kept (same cells and policy settings)"
+        write_engine_files(doc)
     atomic_write_json(args.out, doc)
     print(f"{args.variant}: schedules {how}")
     for family, entry in doc["families"].items():

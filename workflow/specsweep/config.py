@@ -220,6 +220,19 @@ def policy_arms(config: dict[str, Any]) -> dict[str, str]:
     return {name: arm["family"] for name, arm in config["arms"].items() if arm.get("policy")}
 
 
+def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any]:
+    """The arm's config with `server_args` merged as the engine sees them: variant, arm, variant-per-arm."""
+    v = (config.get("variants") or {}).get(variant) or {}
+    a = dict((config.get("arms") or {}).get(arm) or {})
+    argv = [
+        *(v.get("server_args") or []),
+        *(a.get("server_args") or []),
+        *((v.get("arm_server_args") or {}).get(arm) or []),
+    ]
+    a["server_args"] = [str(x) for x in argv]
+    return a
+
+
 def fixed_arms(config: dict[str, Any]) -> list[str]:
     """The arms with one fixed server configuration: the baseline and every speculative (sub-)arm."""
     return [name for name, arm in config["arms"].items() if not arm.get("policy")]

@@ -17,7 +17,7 @@ from specsweep.analysis.policy import dump_yaml, policy_document, schedule_entri
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.analysis.table import format_table, table_csv
-from specsweep.config import load_arg
+from specsweep.config import load_arg, server_args
 from specsweep.io import atomic_write_text, read_json
 
 __all__ = ["add_arguments", "analyze_cells", "main", "run", "run_crossover", "server_args"]
@@ -38,19 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-invalid", action="store_true", help="use cells marked invalid")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
     parser.add_argument("--schedule", type=Path, help="schedule.json the policy arms served (default: derive it)")
-
-
-def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any]:
-    """The arm's config with `server_args` merged as the engine sees them: variant, arm, variant-per-arm."""
-    v = (config.get("variants") or {}).get(variant) or {}
-    a = dict((config.get("arms") or {}).get(arm) or {})
-    argv = [
-        *(v.get("server_args") or []),
-        *(a.get("server_args") or []),
-        *((v.get("arm_server_args") or {}).get(arm) or []),
-    ]
-    a["server_args"] = [str(x) for x in argv]
-    return a
 
 
 def _arm_roles(

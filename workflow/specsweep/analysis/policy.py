@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from specsweep.engines.speculation import apply_text, sim_args, threshold_schedule, vllm_speculative_config
+from specsweep.engines.speculation import apply_text, flag_value, sim_args, threshold_schedule, vllm_speculative_config
 
 __all__ = [
     "choose_threshold",
@@ -124,15 +124,6 @@ def choose_threshold(
     }
 
 
-def _arg_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _argv_of(arm: dict[str, Any]) -> list[str]:
     for key in ("server_args", "args", "extra_args", "argv"):
         v = arm.get(key)
@@ -147,7 +138,7 @@ def _speculative_config(arm: dict[str, Any]) -> dict[str, Any]:
     """vLLM's speculative config from the arm: a dict, a JSON string, or --speculative-config in its args."""
     v: Any = arm.get("speculative_config")
     if v is None:
-        v = _arg_value(_argv_of(arm), "--speculative-config")
+        v = flag_value(_argv_of(arm), "--speculative-config")
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -166,7 +157,7 @@ def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
         return int(cfg["num_speculative_tokens"])
     argv = _argv_of(arm)
     for flag in ("--num-speculative-tokens", "--speculative-num-draft-tokens"):
-        v = _arg_value(argv, flag)
+        v = flag_value(argv, flag)
         if v is not None:
             return int(v)
     return None
@@ -190,7 +181,7 @@ def _sim(n: int, variant: dict[str, Any], max_level: float) -> dict[str, Any]:
 
 def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float) -> dict[str, Any]:
     k = speculative_tokens("vllm", arm)
-    max_seqs = arm.get("max_num_seqs") or variant.get("max_num_seqs") or _arg_value(_argv_of(arm), "--max-num-seqs")
+    max_seqs = arm.get("max_num_seqs") or variant.get("max_num_seqs") or flag_value(_argv_of(arm), "--max-num-seqs")
     upper = int(max_seqs) if max_seqs else max(1024, int(max_level))
     out: dict[str, Any] = {"max_batch_size": upper, "num_speculative_tokens": k}
     if k is None:

@@ -29,7 +29,7 @@ from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
-from specsweep.config import load_arg
+from specsweep.config import load_arg, server_args
 from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
 from specsweep.io import atomic_write_json
 
@@ -156,14 +156,7 @@ def derive_schedules(
     fams: dict[str, Any] = {}
     for family in dict.fromkeys(a["family"] for a in arms.values() if a.get("family") and not a.get("policy")):
         names = [n for n, a in arms.items() if a.get("family") == family and not a.get("policy")]
-        argvs = {
-            n: [
-                *vcfg.get("server_args", []),
-                *arms[n].get("server_args", []),
-                *vcfg.get("arm_server_args", {}).get(n, []),
-            ]
-            for n in names
-        }
+        argvs = {n: server_args(config, variant, n)["server_args"] for n in names}
         members = {n: configured_k(engine, arms[n], argvs[n], vcfg.get("profile")) for n in names}
         missing = [n for n, k in members.items() if k is None]
         upper = batch_upper(engine, argvs[names[0]], max_level)

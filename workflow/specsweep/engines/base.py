@@ -56,20 +56,25 @@ class ServerSpec:
         return d
 
 
-def _without_port(argv: list[str]) -> list[str]:
+def without_flag(argv: list[str], flag: str, takes_value: bool = True) -> list[str]:
+    """`argv` without `flag` (`--flag V` or `--flag=V`; a bare switch when not `takes_value`)."""
     out: list[str] = []
     skip = False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a == "--port":
-            skip = True
+        if a == flag:
+            skip = takes_value
             continue
-        if a.startswith("--port="):
+        if a.startswith(flag + "="):
             continue
         out.append(a)
     return out
+
+
+def _without_port(argv: list[str]) -> list[str]:
+    return without_flag(argv, "--port")
 
 
 class Engine(Protocol):

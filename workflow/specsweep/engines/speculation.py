@@ -21,6 +21,8 @@ import json
 import shlex
 from typing import Any
 
+from specsweep.engines.base import without_flag
+
 Schedule = list[list[int]]
 
 # SGLang: the smallest step count adaptive speculation takes in the pinned release (envs/sglang-*.txt, 0.5.19:
@@ -45,18 +47,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 def set_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     """`argv` with every `flag` removed and `flag value` appended (a bare switch when value is None)."""
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = value is not None
-            continue
-        if a.startswith(flag + "="):
-            continue
-        out.append(a)
+    out = without_flag(argv, flag, takes_value=value is not None)
     return [*out, flag] if value is None else [*out, flag, str(value)]
 
 

@@ -1,4 +1,5 @@
-"""The MLflow UI on a pipeline run's store, seen through a real (headless Chromium) browser; and the report."""
+"""The MLflow UI on a pipeline run's store, used as a user would in a real (headless Chromium) browser driven by
+Playwright, screenshots kept as CI artifacts (test-artifacts/); and the Snakemake report."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from specsweep.mlflow_view import VIEW_NAME
 from tests.conftest import REPO, SNAKEMAKE
 from tests.pipeline.conftest import EXP
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(300)]
 
 ARTIFACTS = Path(os.environ.get("SPECSWEEP_TEST_ARTIFACTS", REPO / "test-artifacts"))
-CHROMIUM_FLAGS = [
-    "--headless",
+# Playwright starts Chromium headless; without the background-networking flags this closed network refuses
+# Chromium's own connections, many at a time.
+CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",
@@ -31,8 +35,6 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1600,1000",
-    "--virtual-time-budget=20000",
 ]
 
 
@@ -96,33 +98,105 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_mlflow_ui_shows_experiment_and_runs(run_dir: Path, mlflow_ui: str, tmp_path: Path) -> None:
-    exp = get_json(f"{mlflow_ui}/api/2.0/mlflow/experiments/get-by-name?experiment_name={EXP}")["experiment"]
-    browser = chromium()
-    if browser is None:
+class Clicks:
+    """A Playwright page that counts the user's clicks (the issue's budget: 3 to the curves, 2 to the
+    crossover's meaning) and keeps a screenshot of each step as a CI artifact."""
+
+    def __init__(self, page: Any, name: str) -> None:
+        self.page, self.name, self.count, self.shots = page, name, 0, []
+
+    def click(self, locator: Any, **kwargs: Any) -> None:
+        locator.click(**kwargs)
+        self.count += 1
+        self.page.wait_for_timeout(1500)
+
+    def shot(self, label: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"mlflow-ui-{self.name}-{len(self.shots) + 1}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        self.shots.append(path)
+        return path
+
+
+@pytest.fixture
+def browser():
+    """Headless Debian Chromium driven by Playwright (no browser download); always closed."""
+    browser_exe = chromium()
+    if browser_exe is None:
         pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_exe, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def new_user_page(browser: Any) -> Any:
+    """A page in a fresh context: a user who has not opened this MLflow before (no remembered UI state)."""
+    page = browser.new_context(viewport={"width": 1600, "height": 1100}).new_page()
+    page.set_default_timeout(30_000)
+    return page
+
+
+def _chart_card(page: Any, metric: str) -> Any:
+    """The chart card titled with `metric` (MLflow titles a card with its first metric key)."""
+    cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
+    return cards.filter(has=page.get_by_text(metric, exact=True)).first
+
+
+def _curves(card: Any) -> list[tuple[int, str]]:
+    """(points, stroke colour) of each drawn line (plotly trace) in a chart card."""
+    return card.locator("g.trace.scatter").evaluate_all(
+        "els => els.map(t => t.querySelector('path.js-line')).filter(Boolean).map(e =>"
+        " [(e.getAttribute('d') || '').split(/[ML]/).filter(Boolean).length, e.style.stroke])"
+    )
+
+
+def test_mlflow_ui_user_path(run_dir: Path, mlflow_ui: str, browser: Any) -> None:
+    """From the experiment page: 3 clicks to both arms' throughput against C (log axis) in one chart, and
+    1 click to the crossover run's meaning, 2 to its speedup chart."""
+    exp = get_json(f"{mlflow_ui}/api/2.0/mlflow/experiments/get-by-name?experiment_name={EXP}")["experiment"]
     tags = {t["key"]: t["value"] for t in exp.get("tags", [])}
     assert tags.get("mlflow.experimentKind") == "custom_model_development"  # opens on the runs table
-    url = f"{mlflow_ui}/#/experiments/{exp['experiment_id']}/runs"
-    profile = tmp_path / "chromium-profile"
-    dom = subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "mlflow-ui-experiment.png"
-    subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}", url],
-        capture_output=True,
-        timeout=120,
-    )
-    (ARTIFACTS / "mlflow-ui-experiment.html").write_text(dom)
-    assert EXP in dom, "the experiment's name is not on the page"
-    for name in ("sim/baseline sweep", "sim/eagle3 sweep", "sim crossover"):
-        assert name in dom, f"run {name!r} is not on the page"
-    assert shot.stat().st_size > 10_000
+    page = new_user_page(browser)
+    experiment_page = f"{mlflow_ui}/#/experiments/{exp['experiment_id']}/runs"
+    page.goto(experiment_page)
+    page.get_by_text("sim/eagle3 sweep").first.wait_for()
+    user = Clicks(page, "curves")
+    user.shot("experiment")
+    user.click(page.get_by_role("button", name="Views"))
+    user.click(page.get_by_text(VIEW_NAME).first)
+    user.click(page.locator("label:has(input[value=CHART])"))
+    card = _chart_card(page, "aggregate_tok_s")
+    card.locator("g.trace.scatter path.js-line").first.wait_for()
+    user.shot("curves")
+    assert user.count <= 3
+    curves = _curves(card)  # plotly draws each run's line twice (the line and its faint hover copy)
+    colours = {colour for n, colour in curves if n >= 2}
+    assert len(colours) == 2, curves  # baseline and eagle3, each over both levels, told apart by colour
+    assert card.locator("g.xaxislayer-above text").count() >= 2  # the C axis is drawn
+    assert page.locator("text=specsweep: arms against concurrency").count() >= 1
+
+    page = new_user_page(browser)
+    page.goto(experiment_page)
+    page.get_by_text("sim crossover").first.wait_for()
+    user = Clicks(page, "crossover")
+    user.click(page.get_by_role("link", name="sim crossover").first)
+    description = page.get_by_text("Crossover of variant").first
+    description.wait_for()
+    body = page.locator("body").inner_text()
+    assert ("crossover at C =" in body or "no crossover inside the measured levels" in body) and "threshold" in body
+    user.shot("crossover")
+    assert user.count <= 2
+    user.click(page.get_by_role("tab", name="Model metrics").first)
+    speedup = _chart_card(page, "eagle3.speedup")
+    speedup.locator("g.trace.scatter path.js-line").first.wait_for()
+    user.shot("speedup")
+    assert user.count <= 2
+    assert any(n >= 2 for n, _ in _curves(speedup)), _curves(speedup)
 
 
 def test_report_bundles_plots_tables_and_fingerprints(run_dir: Path) -> None:

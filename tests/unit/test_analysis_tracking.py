@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 from specsweep.final import final_text
-from specsweep.tracking import _crossover_numbers, _curves, _verdict_tags, cell_metrics, sweep_params
+from specsweep.mlflow_view import VIEW_KEY, VIEW_NAME, view_tag
+from specsweep.stack_facts import stack_facts
+from specsweep.tracking import (
+    _crossover_numbers,
+    _curves,
+    _verdict_tags,
+    cell_metrics,
+    cell_run_name,
+    headline_metrics,
+    sweep_params,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -150,3 +160,71 @@ def test_crossover_curves_are_step_logged_by_concurrency() -> None:
         ("eagle3-policy.policy_over_best_lo", 1): 0.95,
         ("eagle3-policy.policy_over_best_hi", 1): 1.07,
     }
+
+
+def test_headline_metrics_carry_the_analysis_names() -> None:
+    """The sweep's curves are named as the final table, crossover.json and policy.yaml name them."""
+    summary = _summary(4, True, 16)
+    summary["metrics"]["tpot_ms"] = {"p50": 20.0, "p99": 40.0}
+    got = headline_metrics(summary)
+    assert got == {"aggregate_tok_s": 400.0, "tpot_p50_s": 0.02, "tpot_p99_s": 0.04}
+
+
+def test_cell_run_names_sort_by_variant_arm_and_concurrency() -> None:
+    names = [cell_run_name("sim", "eagle3", c) for c in (250, 1, 30, 5)]
+    assert sorted(names) == ["sim/eagle3/c0001", "sim/eagle3/c0005", "sim/eagle3/c0030", "sim/eagle3/c0250"]
+
+
+def test_stack_facts_mask_secrets_and_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server command is the same for every cell a server served (no port) and never holds a secret."""
+    monkeypatch.setenv("SPECSWEEP_TEST_API_KEY", "s3cr3t-value")
+    argv = ["python", "-m", "sglang.launch_server", "--port", "30001", "--api-key", "s3cr3t-value", "--tp", "8"]
+    summary = {
+        "engine": "sglang",
+        "cell": {"speculative": True},
+        "server": {
+            "argv": argv,
+            "resource": "gpu",
+            "env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"},
+            "info": {
+                "version": "0.5.19",
+                "model_path": "moonshotai/Kimi-K2.5",
+                "tp_size": 8,
+                "speculative_algorithm": "EAGLE3",
+                "speculative_draft_model_path": "lightseekorg/kimi-k2.5-eagle3",
+            },
+        },
+        "stack": {},
+    }
+    facts = stack_facts(summary)
+    assert "s3cr3t-value" not in json.dumps(facts) and "30001" not in facts["stack.server_command"]
+    assert "--port <port>" in facts["stack.server_command"]
+    assert facts["stack.draft_model"] == "lightseekorg/kimi-k2.5-eagle3" and facts["stack.tp"] == 8
+    assert facts["stack.gpus"] == "0,1,2,3,4,5,6,7" and facts["stack.engine_version"] == "0.5.19"
+    vllm = {
+        "engine": "vllm",
+        "cell": {"speculative": True},
+        "server": {
+            "argv": ["vllm", "serve", "m", "--port=8000"],
+            "resource": "cpu",
+            "info": {"served_model": "m", "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+        },
+    }
+    facts = stack_facts(vllm)
+    assert facts["stack.draft_model"] == "ngram (no draft model)" and facts["stack.tp"] == 1
+    assert facts["stack.server_command"].endswith("--port=<port>") and facts["stack.gpus"] == "none (CPU)"
+    assert stack_facts({**vllm, "cell": {"speculative": False}})["stack.draft_model"] == "none (no speculation)"
+
+
+def test_saved_view_charts_every_arm_against_log_concurrency() -> None:
+    key, value = view_tag(["eagle3-k1", "eagle3-k3"], ["eagle3-policy"], now_ms=1)
+    envelope = json.loads(value)
+    assert key == "mlflow.sharedViewState." + VIEW_KEY and envelope["name"] == VIEW_NAME
+    state = json.loads(envelope["state"])
+    charts = state["compareRunCharts"]
+    assert {c["xAxisScaleType"] for c in charts} == {"log"} and {c["xAxisKey"] for c in charts} == {"step"}
+    keys = [k for c in charts for k in c["selectedMetricKeys"]]
+    assert keys[0] == "aggregate_tok_s" and "cell_valid" in keys
+    assert {"eagle3-k1.speedup", "eagle3-k3.speedup_lo", "eagle3-policy.policy_over_best_hi"} <= set(keys)
+    assert {c["metricSectionId"] for c in charts} == {s["uuid"] for s in state["compareRunSections"]}
+    assert "cell" in state["searchFilter"]  # the view lists sweeps and crossover runs only

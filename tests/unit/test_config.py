@@ -77,3 +77,12 @@ def test_rules_conda_environment_lists_the_packages_dependencies() -> None:
         return {re.split(r"[<>=!~ ]", r, maxsplit=1)[0].lower() for r in reqs}
 
     assert names(pip) == names(deps)
+
+
+def test_a_request_cap_below_two_turnovers_of_the_top_level_is_refused() -> None:
+    """`requests.max` under 2 x the largest C would leave that level's steady window empty (every cell there
+    invalid after it ran): refused before anything runs, naming the fix."""
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["workload"]["requests"]["max"] = 200
+    with pytest.raises(ssconfig.ConfigError, match=r"requests/max'.*C=250.*raise max to 500"):
+        ssconfig.validate(raw)

@@ -112,6 +112,12 @@ def _check_semantics(config: dict[str, Any]) -> None:
         raise ConfigError(f"config error at 'arms/{base}': the baseline arm must have speculative: false")
     if not any(a["speculative"] for a in arms.values()):
         raise ConfigError("config error at 'arms': define at least one arm with speculative: true")
+    cap, top = config["workload"]["requests"].get("max"), max(config["concurrency"])
+    if cap and not config["workload"]["requests"].get("duration_s") and cap < 2 * top:
+        raise ConfigError(
+            f"config error at 'workload/requests/max': {cap} measured requests cannot fill C={top}'s steady window"
+            f" (it needs at least 2 x C = {2 * top}); raise max to {2 * top} or more, or drop the level"
+        )
     for name, variant in config["variants"].items():
         for arm in variant.get("arm_server_args", {}):
             if arm not in arms:
@@ -371,6 +377,8 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
         "mlflow": config["mlflow"],
         "gates": config["gates"],
         "slo": config["slo"],
+        # the charts of the experiment's saved MLflow view (specsweep.mlflow_view)
+        "view_arms": {"speculative": speculative_arms(config), "policy": list(policy_arms(config))},
     }
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from specsweep.analysis.table import format_table
 from specsweep.io import read_json
-from specsweep.tracking import ui_command
+from specsweep.mlflow_view import VIEW_NAME
+from specsweep.tracking import ui_command, ui_view_url
 
 
 def _table(path: Path) -> str:
@@ -41,6 +42,10 @@ def final_text(config: dict[str, Any]) -> str:
     lines.append(f"results: {res.resolve()}")
     if config["mlflow"]["enabled"]:
         lines.append(f"MLflow UI: {ui_command(config)}   (then open http://127.0.0.1:5000)")
+        marker = next(iter(sorted(res.glob("*/*/mlflow_sweep.json"))), None)
+        exp_id = read_json(marker).get("experiment_id") if marker else None
+        if exp_id:
+            lines.append(f"  arms against C on a log axis: {ui_view_url(str(exp_id))}  (Views > {VIEW_NAME!r})")
     lines.append("=" * 100)
     return "\n".join(lines)
 

@@ -20,9 +20,15 @@ from typing import Any
 
 from specsweep.config import defaults, load_arg
 from specsweep.io import atomic_write_json, read_json
+from specsweep.mlflow_view import view_tag, view_url
+from specsweep.run_notes import cell_note, crossover_note, sweep_note
+from specsweep.stack_facts import stack_facts
 from specsweep.summary import read_judged
 
 TAG = "specsweep"
+NOTE = "mlflow.note.content"  # the run's description on its page
+# bumped when the run layout changes, so unchanged results are re-logged once in the new layout
+LAYOUT = "layout-2"
 
 
 def resolve_tracking_uri(uri: str) -> str:
@@ -38,6 +44,11 @@ def resolve_tracking_uri(uri: str) -> str:
 def ui_command(config: dict[str, Any]) -> str:
     uri = resolve_tracking_uri(config["mlflow"]["tracking_uri"])
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+def ui_view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """Where the printed UI command's server shows the experiment's saved view of the curves."""
+    return view_url(base, experiment_id)
 
 
 def flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
@@ -64,6 +75,7 @@ class Tracker:
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment_id = self._experiment()
+        self._save_view()
 
     def _experiment(self) -> str:
         name = self.config["experiment"]
@@ -82,6 +94,14 @@ class Tracker:
             if exp is None:
                 raise
             return exp.experiment_id
+
+    def _save_view(self) -> None:
+        """The experiment's saved view (`mlflow_view`): rewritten only when its charts change."""
+        arms = self.config.get("view_arms") or {}
+        key, value = view_tag(list(arms.get("speculative") or []), list(arms.get("policy") or []))
+        current = self.client.get_experiment(self.experiment_id).tags.get(key)
+        if current is None or json.loads(current).get("state") != json.loads(value)["state"]:
+            self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def active_runs(self, **tags: str) -> list[Any]:
         flt = " and ".join(f"tags.`{TAG}.{k}` = '{v}'" for k, v in tags.items())
@@ -127,13 +147,18 @@ class Tracker:
         self.client.set_terminated(run_id, status=status, end_time=end_time_ms)
 
 
+def cell_run_name(variant: str, arm: str, concurrency: int) -> str:
+    """`sim/eagle3/c0010`: zero-padded so MLflow's name sort orders cells by variant, arm and concurrency."""
+    return f"{variant}/{arm}/c{int(concurrency):04d}"
+
+
 def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
+    """Params true for this cell: its coordinates, workload scalars, server identity and the stack facts."""
     cell = summary["cell"]
     params: dict[str, Any] = {
         "variant": cell["variant"],
         "arm": cell["arm"],
         "concurrency": cell["concurrency"],
-        "engine": summary.get("engine"),
         "source": summary.get("source"),
     }
     for k, v in (summary.get("workload") or {}).items():
@@ -141,17 +166,17 @@ def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
             params[f"workload.{k}"] = v
     server = summary.get("server") or {}
     params["server.identity"] = server.get("identity")
-    params["server.command"] = " ".join(server.get("command") or [])
     info = server.get("info") or {}
-    for k in ("version", "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests"):
+    for k in ("speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests"):
         if info.get(k) is not None:
             params[f"server.{k}"] = info[k]
+    params.update(stack_facts(summary))
     return {k: v for k, v in params.items() if v is not None}
 
 
 def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The cell's metrics worth a chart: no spread over repeats when there is one repeat (it carries nothing),
-    no histogram buckets (they stay in the summary.json artifact)."""
+    """The cell's own metrics (summary.json's names): no spread over repeats when there is one repeat (it
+    carries nothing), no histogram buckets (they stay in the summary.json artifact)."""
     out: dict[str, float] = {}
     metrics = dict(summary.get("metrics") or {})
     if (metrics.get("n_repeats") or 1) < 2:
@@ -162,9 +187,20 @@ def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def headline_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """A sweep's curves: the analysis's own metrics under the names the final table, crossover.json and
+    policy.yaml use (`aggregate_tok_s`, `tpot_p99_s`, ...), read by the same `MetricSpec` the analysis reads."""
+    from specsweep.analysis.bootstrap import METRICS, PLOTTED
+    from specsweep.analysis.cells import metric_value_any
+
+    paths = {m.name: m.summary_paths for m in METRICS} | PLOTTED
+    values = {name: metric_value_any(summary, p) for name, p in paths.items()}
+    return {k: float(v) for k, v in values.items() if math.isfinite(v)}
+
+
 def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Params true for the whole sweep: a cell param only where every cell has the same value; the levels,
-    the requests per level and the invalid levels as lists."""
+    the requests per level and the invalid levels as lists (prompt-set hashes per level: an artifact)."""
     per_cell = [cell_params(s) for s in summaries]
     shared = {
         k: v for k, v in per_cell[0].items() if k not in ("concurrency",) and all(p.get(k) == v for p in per_cell[1:])
@@ -179,6 +215,42 @@ def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return shared
 
 
+def prompt_sets_by_level(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each level's prompt set(s): hash, count, source (the sweep's artifact `prompt_sets.json`)."""
+    out: dict[str, Any] = {}
+    for s in summaries:
+        w = s.get("workload") or {}
+        out[str(int(s["cell"]["concurrency"]))] = {
+            "prompt_source": w.get("prompt_source"),
+            "prompt_set_sha256": w.get("prompt_set_sha256"),
+            "prompt_count": w.get("prompt_count"),
+            "prompt_sets": w.get("prompt_sets"),
+            "warmup_prompt_set_sha256": w.get("warmup_prompt_set_sha256"),
+        }
+    return out
+
+
+def prompt_dataset(summary: dict[str, Any]) -> Any:
+    """The cell's prompt set as an MLflow dataset input (name, digest = the prompt set's hash), so the UI's
+    Dataset column and filter tell cells that saw the same prompts from those that did not."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    w = summary.get("workload") or {}
+    sha = w.get("prompt_set_sha256")
+    if not sha:
+        return None
+    source = str(w.get("prompt_source") or "prompts")
+    name = f"{source}-{w.get('input_tokens_mean', w.get('input_tokens'))}in-{w.get('output_tokens')}out"
+    ds = Dataset(
+        name=name,
+        digest=str(sha)[:20],
+        source_type="specsweep",
+        source=json.dumps({"prompt_source": source, "seed": w.get("prompt_seed"), "sha256": sha}),
+        schema=json.dumps({"count": w.get("prompt_count"), "tokens_exact": w.get("prompt_tokens_exact")}),
+    )
+    return DatasetInput(ds, tags=[InputTag("mlflow.data.context", "prompts")])
+
+
 def judged_cell(tracker: Tracker, summary_path: Path) -> dict[str, Any]:
     """The cell's summary judged by the experiment's gates and SLOs (`summary.read_judged`)."""
     gates = {**defaults("gates"), **(tracker.config.get("gates") or {})}
@@ -190,35 +262,49 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
     supersedes the old (a changed gate or SLO re-logs the cell without re-measuring it)."""
     key = summary["cell"]["key"]
     judgement = json.dumps(summary.get("judged_with"), sort_keys=True).encode()
-    digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement).hexdigest()
+    digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement + LAYOUT.encode()).hexdigest()
     existing = tracker.active_runs(cell_key=key)
     for run in existing:
         if run.data.tags.get(f"{TAG}.summary_sha256") == digest:
             tracker.retire(existing, keep=run.info.run_id, why="duplicate")
             return run.info.run_id
     validity = summary["validity"]
+    cell = summary["cell"]
     tags = {
         f"{TAG}.kind": "cell",
         f"{TAG}.cell_key": key,
-        f"{TAG}.experiment": summary["cell"]["experiment"],
-        f"{TAG}.variant": summary["cell"]["variant"],
-        f"{TAG}.arm": summary["cell"]["arm"],
+        f"{TAG}.experiment": cell["experiment"],
+        f"{TAG}.variant": cell["variant"],
+        f"{TAG}.arm": cell["arm"],
         f"{TAG}.backend": str(summary.get("client_backend", "")),
         f"{TAG}.source": str(summary.get("source")),
         f"{TAG}.valid": str(bool(validity["valid"])).lower(),
         f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
         f"{TAG}.summary_sha256": digest,
+        NOTE: cell_note(summary),
     }
-    # The run spans the measurement itself, so the UI's durations and dates are the cell's.
-    t0 = summary.get("t0_unix")
-    span = summary.get("measured_s")
-    start_ms = int(t0 * 1000) if isinstance(t0, int | float) else None
-    end_ms = int((t0 + span) * 1000) if start_ms is not None and isinstance(span, int | float) else None
-    run_id = tracker.new_run(key, tags, cell_params(summary), cell_metrics(summary), start_time_ms=start_ms)
+    start_ms, end_ms = measured_span([summary])
+    name = cell_run_name(cell["variant"], cell["arm"], cell["concurrency"])
+    run_id = tracker.new_run(name, tags, cell_params(summary), cell_metrics(summary), start_time_ms=start_ms)
+    dataset = prompt_dataset(summary)
+    if dataset is not None:
+        tracker.client.log_inputs(run_id, datasets=[dataset])
     tracker.client.log_artifact(run_id, str(summary_path))
     tracker.finish(run_id, end_time_ms=end_ms)
-    tracker.retire(existing, keep=run_id, why="cell re-measured")
+    tracker.retire(existing, keep=run_id, why="cell re-measured or re-judged")
     return run_id
+
+
+def measured_span(summaries: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """(start, end) in ms of the cells' measurements, so the UI's dates and durations are benchmark time."""
+    starts, ends = [], []
+    for s in summaries:
+        t0, span = s.get("t0_unix"), s.get("measured_s")
+        if isinstance(t0, int | float):
+            starts.append(t0)
+            if isinstance(span, int | float):
+                ends.append(t0 + span)
+    return (int(min(starts) * 1000) if starts else None, int(max(ends) * 1000) if ends else None)
 
 
 def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path]) -> dict[str, Any]:
@@ -233,14 +319,19 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
         c = int(summary["cell"]["concurrency"])
         cell_runs[c] = log_cell(tracker, path, summary)
         # the curves hold valid cells only; `cell_valid` (1/0 at every level) shows where the gaps are
-        steps.append((c, cell_metrics(summary) if summary["validity"]["valid"] else {"valid": 0.0}))
-        steps[-1][1]["cell_valid"] = float(bool(summary["validity"]["valid"]))
+        valid = bool(summary["validity"]["valid"])
+        steps.append((c, {**(headline_metrics(summary) if valid else {}), "cell_valid": float(valid)}))
     sweep_key = f"{experiment}/{variant}/{arm}"
-    digest = hashlib.sha256(json.dumps(sorted(cell_runs.items())).encode()).hexdigest()
+    digest = hashlib.sha256((json.dumps(sorted(cell_runs.items())) + LAYOUT).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
     sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
     if sweep_id is None:
         first = summaries[0] if summaries else {}
+        invalid = {
+            int(s["cell"]["concurrency"]): "; ".join(s["validity"].get("reasons") or [])
+            for s in summaries
+            if not s["validity"]["valid"]
+        }
         tags = {
             f"{TAG}.kind": "sweep",
             f"{TAG}.sweep_key": sweep_key,
@@ -249,28 +340,39 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
             f"{TAG}.arm": arm,
             f"{TAG}.source": str(first.get("source")),
             f"{TAG}.cells_sha256": digest,
+            f"{TAG}.invalid_cells": (" | ".join(f"C={c}: {r}" for c, r in invalid.items()) or "none")[:5000],
+            NOTE: sweep_note(variant, arm, summaries),
         }
         params = {"variant": variant, "arm": arm, **sweep_params(summaries)} if summaries else {"arm": arm}
-        sweep_id = tracker.new_run(f"{variant}/{arm} sweep", tags, params, {}, steps)
-        tracker.finish(sweep_id)
+        start_ms, end_ms = measured_span(summaries)
+        sweep_id = tracker.new_run(f"{variant}/{arm} sweep", tags, params, {}, steps, start_time_ms=start_ms)
+        tracker.client.log_dict(sweep_id, prompt_sets_by_level(summaries), "prompt_sets.json")
+        fingerprint = (first.get("stack") or {}).get("fingerprint")
+        if fingerprint and Path(fingerprint).is_file():
+            tracker.client.log_artifact(sweep_id, fingerprint, artifact_path="stack")
+        tracker.finish(sweep_id, end_time_ms=end_ms)
     tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
     for run_id in cell_runs.values():
         tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
     return {
+        "variant": variant,
+        "arm": arm,
         "sweep_run_id": sweep_id,
         "cell_run_ids": {str(c): r for c, r in cell_runs.items()},
+        "span_ms": list(measured_span(summaries)),
         "tracking_uri": tracker.uri,
         "experiment_id": tracker.experiment_id,
     }
 
 
 def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_markers: list[Path]) -> dict[str, Any]:
-    """The crossover run of one variant: crossover concurrency and interval, plots and policy as artifacts."""
+    """The crossover run of one variant: speedup per C (step-logged), crossover and threshold with their
+    meaning in the run's description, links to the sweeps it used, plots and policy as artifacts."""
     experiment = tracker.config["experiment"]
     data = read_json(crossover_path)
     sweeps = [read_json(p) for p in sweep_markers]
     cell_runs = sorted(r for s in sweeps for r in s["cell_run_ids"].values())
-    digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode()).hexdigest()
+    digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode() + LAYOUT.encode()).hexdigest()
     key = f"{experiment}/{variant}"
     existing = tracker.active_runs(crossover_key=key)
     for run in existing:
@@ -288,6 +390,10 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
             | ({"policy_over_best_min": min(ratios)} if ratios else {}),
             metrics,
         )
+    sweep_links = {
+        s.get("arm") or Path(m).parent.name: s["sweep_run_id"] for m, s in zip(sweep_markers, sweeps, strict=True)
+    }
+    sweep_links = {a: r for a, r in sweep_links.items() if r}
     tags = {
         f"{TAG}.kind": "crossover",
         f"{TAG}.crossover_key": key,
@@ -295,26 +401,37 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         f"{TAG}.variant": variant,
         f"{TAG}.source": str(data.get("source")),
         f"{TAG}.content_sha256": digest,
-        f"{TAG}.cell_runs": ",".join(cell_runs)[:5000],
+        **{f"{TAG}.sweep_run.{a}": r for a, r in sweep_links.items()},
         **_verdict_tags(data),
+        NOTE: crossover_note(data, variant, sweep_links, tracker.experiment_id),
     }
     tags.update({f"{TAG}.policy.{f}": "holds" if p["holds"] else "fails" for f, p in proofs.items()})
-    run_id = tracker.new_run(f"{variant} crossover", tags, {"variant": variant}, metrics)
+    spans = [s.get("span_ms") or [None, None] for s in sweeps]
+    start_ms = min((a for a, _ in spans if a is not None), default=None)
+    end_ms = max((b for _, b in spans if b is not None), default=None)
+    params = {"variant": variant, "metric": _primary_metric(data), "baseline_arm": data.get("baseline_arm")}
+    run_id = tracker.new_run(
+        f"{variant} crossover", tags, {k: v for k, v in params.items() if v}, metrics, start_time_ms=start_ms
+    )
     curves = _curves(data)
     for i in range(0, len(curves), 1000):  # MLflow takes at most 1000 metrics per batch
         tracker.client.log_batch(run_id, metrics=curves[i : i + 1000])
     out_dir = crossover_path.parent
     tracker.client.log_artifact(run_id, str(crossover_path))
-    for name in ("policy.yaml",):
+    for name in ("policy.yaml", "crossover_table.csv"):
         if (out_dir / name).is_file():
             tracker.client.log_artifact(run_id, str(out_dir / name))
     if (out_dir / "plots").is_dir():  # not Snakemake's .snakemake_timestamp of the directory output
         for plot in sorted(p for p in (out_dir / "plots").iterdir() if p.is_file() and not p.name.startswith(".")):
             tracker.client.log_artifact(run_id, str(plot), artifact_path="plots")
     tracker.client.log_dict(run_id, {"cell_run_ids": cell_runs, "sweeps": sweeps}, "cell_runs.json")
-    tracker.finish(run_id)
+    tracker.finish(run_id, end_time_ms=end_ms)
     tracker.retire(existing, keep=run_id, why="crossover recomputed")
     return {"crossover_run_id": run_id, "cell_run_ids": cell_runs}
+
+
+def _primary_metric(data: dict[str, Any]) -> str | None:
+    return next((r.get("primary_metric") for r in (data.get("arms") or {}).values() if r.get("primary_metric")), None)
 
 
 def _curves(data: dict[str, Any]) -> list[Any]:
@@ -406,7 +523,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_arg(args.config)
     tracker = Tracker(config)
     if args.what == "sweep" and not args.summaries:  # a policy arm whose family got no schedule: nothing to log
-        marker = {"sweep_run_id": None, "cell_run_ids": {}, "note": "no cells: the arm served no schedule"}
+        note = "no cells: the arm served no schedule"
+        marker = {"arm": args.arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
     elif args.what == "sweep":
         marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
     else:

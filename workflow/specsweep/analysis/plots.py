@@ -148,7 +148,17 @@ def plot_variant(result: dict[str, Any], cells: dict[str, dict[float, Cell]], ou
             ax.axvline(x_["estimate"], color=line.get_color(), linestyle="--", linewidth=1)
             lo_c = x_["lo"] if x_.get("lo") is not None and x_["lo"] > 0 else float(x.min())
             hi_c = x_["hi"] if x_.get("hi") is not None else float(x.max())
-            ax.axvspan(lo_c, hi_c, color=line.get_color(), alpha=0.08, label=f"{name}: crossover interval")
+            label = f"{name}: crossover C = {x_['estimate']:.3g} [{lo_c:.3g}, {hi_c:.3g}]"
+            ax.axvspan(lo_c, hi_c, color=line.get_color(), alpha=0.08, label=label)
+            ax.annotate(
+                f"C = {x_['estimate']:.3g}",
+                (x_["estimate"], 1.0),
+                xytext=(4, 6),
+                textcoords="offset points",
+                color=line.get_color(),
+                fontsize="small",
+                fontweight="bold",
+            )
         for e in ar["invalid_cells"]:
             inv = True
             ax.axvline(e["concurrency"], color="red", linestyle=":", linewidth=1)
@@ -162,7 +172,8 @@ def plot_variant(result: dict[str, Any], cells: dict[str, dict[float, Cell]], ou
     if inv:
         handles.append(Line2D([], [], color="red", linestyle=":"))
         labels.append("invalid cell (left out)" if not result.get("include_invalid") else "invalid cell (included)")
-    ax.legend(handles, labels, fontsize="small")
+    # outside the axes: inside, it covered the crossover band at low speedups
+    ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     written += save_figure(fig, out_dir / "speedup")
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))

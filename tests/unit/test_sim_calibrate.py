@@ -8,6 +8,7 @@ import json
 import pytest
 
 from specsweep.sim import calibrate as cal
+from specsweep.sim.bounds import check_profile
 from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
 from specsweep.sim.profile import load_profile
 
@@ -25,7 +26,7 @@ PERTURB = {
 }
 
 
-def test_calibrate_cli_to_seed_table_within_5_percent(tmp_path, capsys):
+def test_calibrate_cli_to_seed_table_within_6_percent_inside_physical_bounds(tmp_path, capsys):
     base = load_profile("kimi-k25-cu130-fusion").with_params(PERTURB)
     base_path = tmp_path / "base.yaml"
     cal.dump_profile(base, base_path)
@@ -49,12 +50,15 @@ def test_calibrate_cli_to_seed_table_within_5_percent(tmp_path, capsys):
     assert cal.run(args) == 0
     printed = capsys.readouterr().out
     assert "spec closed_loop C=250" in printed and "max |error|" in printed
+    assert "identifiability" in printed and "outside physical bounds" not in printed
     fitted = load_profile(out)
+    assert check_profile(fitted, list(fitted.reference["uncertainty"]["params"])) == []
     assert fitted.name == "fitted" and fitted.illustrative is False
     targets = cal.load_targets(cal.seed_csv_path(), "eagle3", cal.workload_of(fitted))
     assert len(targets) == 9  # the cuda13-fusion stack: 8 levels + its single-stream figure
     for t in targets:
-        assert abs(cal.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.05, t.label
+        # the bounds cost fit quality: the KV-read cost may not absorb the C=1 gap (rms 2.8%, worst 5.2%)
+        assert abs(cal.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.06, t.label
 
 
 def _write_cell(root, variant, arm, c, tok_s, w, n_requests, key="output_tok_s_steady", stagger=True):

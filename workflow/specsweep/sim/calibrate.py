@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from specsweep.config import defaults
+from specsweep.sim.bounds import check_profile, parameter_bounds
 from specsweep.sim.engine import step_time
 from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import Profile, dump_profile, load_profile
@@ -202,7 +204,8 @@ def _targets_from_results(root: Path, spec_arm: str, workload: dict[str, Any], v
 def mean_field_tok_s(profile: Profile, t: Target) -> float:
     """Steady-state throughput with every slot decoding at the mean context length (fast, approximate)."""
     spec = t.speculative
-    b = 1 if t.mode == "single_stream" else min(t.concurrency, profile.running_cap(spec))
+    cap = profile.running_cap(spec, t.input_tokens + t.output_tokens)
+    b = 1 if t.mode == "single_stream" else min(t.concurrency, cap)
     width = profile.speculative.draft_tokens + 1 if spec else 1
     accept = profile.expected_accept_length() if spec else 1.0
     ctx = b * (t.input_tokens + t.output_tokens / 2)
@@ -252,17 +255,26 @@ def fit_profile(
     rounds: int = 3,
     prior_weight: float = 0.01,
     seed: int = 0,
+    bounds: dict[str, tuple[float, float]] | None = None,
+    fixed: dict[str, float] | None = None,
+    simulate: bool = True,
+    corr: np.ndarray | None = None,
 ) -> tuple[Profile, list[tuple[Target, float]]]:
-    """Fit; return the fitted profile and (target, simulated tok/s) pairs."""
+    """Fit; return the fitted profile and (target, simulated tok/s) pairs.
+
+    `bounds` (dotted name -> (lo, hi)) keep each parameter in its physical range (`sim.bounds`); `fixed` holds
+    some parameters at given values (the profile-likelihood scan of `sim.uncertainty`). With `simulate=False`
+    the mean-field model alone is fitted, corrected by `corr` (simulation over mean field per target)."""
     from scipy.optimize import least_squares
 
-    if params is None:
-        params = list(DEFAULT_PARAMS_BASELINE)
-        if any(t.speculative for t in targets):
-            params += DEFAULT_PARAMS_SPECULATIVE
-    params = [p for p in params if base.get(p) > 0]  # a zero parameter is a structural choice: keep it
-    x0 = np.array([_to_x(p, base.get(p)) for p in params])
-    corr = np.ones(len(targets))
+    fixed = fixed or {}
+    params = [p for p in (params or fit_params(base, targets)) if p not in fixed and base.get(p) > 0]
+    base = base.with_params(fixed) if fixed else base
+    bounds = bounds or {}
+    lo = np.array([_to_x(p, bounds[p][0]) if p in bounds else -np.inf for p in params])
+    hi = np.array([_to_x(p, bounds[p][1]) if p in bounds else np.inf for p in params])
+    x0 = np.clip(np.array([_to_x(p, base.get(p)) for p in params]), lo + 1e-9, hi - 1e-9)
+    corr = np.ones(len(targets)) if corr is None else corr
     profile = base
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -272,12 +284,25 @@ def fit_profile(
 
     x = x0
     sims: list[float] = []
-    for _ in range(rounds):
-        x = least_squares(residuals, x, method="trf", x_scale=1.0).x
+    for _ in range(rounds if simulate else 1):
+        if params:
+            x = least_squares(residuals, x, bounds=(lo, hi), method="trf", x_scale=1.0).x
         profile = base.with_params({p: _from_x(p, v) for p, v in zip(params, x, strict=True)})
+        if not simulate:
+            sims = [mean_field_tok_s(profile, t) * k for t, k in zip(targets, corr, strict=True)]
+            break
         sims = [simulated_tok_s(profile, t, seed) for t in targets]
         corr = np.array([s / mean_field_tok_s(profile, t) for s, t in zip(sims, targets, strict=True)])
     return profile, list(zip(targets, sims, strict=True))
+
+
+def fit_params(base: Profile, targets: list[Target]) -> list[str]:
+    """The parameters fitted by default: the step costs, plus speculation's when speculative cells are among
+    the targets; a parameter that is zero in the base profile is a structural choice and stays zero."""
+    params = list(DEFAULT_PARAMS_BASELINE)
+    if any(t.speculative for t in targets):
+        params += DEFAULT_PARAMS_SPECULATIVE
+    return [p for p in params if base.get(p) > 0]
 
 
 def format_fit(pairs: list[tuple[Target, float]]) -> str:
@@ -300,6 +325,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default=None, help="comma-separated dotted parameters to fit")
     parser.add_argument("--no-single-stream", action="store_true", help="ignore single-stream rows")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-uncertainty",
+        action="store_true",
+        help="skip the identifiability scan (pinned / free parameters, the plausible profiles predict uses)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -316,15 +346,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"no measured cells found in {args.measured}", file=sys.stderr)
         return 1
     params = args.params.split(",") if args.params else None
-    fitted, pairs = fit_profile(base, targets, params, rounds=args.rounds)
+    ident = None
+    if args.no_uncertainty:
+        box = {p: (b.lo, b.hi) for p, b in parameter_bounds(base, params or fit_params(base, targets)).items()}
+        fitted, pairs = fit_profile(base, targets, params, rounds=args.rounds, bounds=box)
+    else:
+        from specsweep.sim.uncertainty import format_identification, identify
+
+        ident = identify(base, targets, params)
+        fitted = ident.profile
+        pairs = [(t, simulated_tok_s(fitted, t)) for t in targets]
     name = args.name or f"{base.name}-fitted"
     fitted = fitted.with_params({}) if name == fitted.name else _renamed(fitted, name)
+    if ident is not None:
+        fitted = dataclasses.replace(fitted, reference={**fitted.reference, "uncertainty": ident.as_dict()})
     dump_profile(
         fitted,
         args.out,
         header=f"# fitted by `specsweep calibrate` from {args.measured} (base profile {base.name})",
     )
     print(format_fit(pairs))
+    for problem in check_profile(fitted, [r for r in (params or fit_params(base, targets))]):
+        print(f"outside physical bounds: {problem}")
+    if ident is not None:
+        print(format_identification(ident))
     print(f"wrote {args.out}")
     return 0
 

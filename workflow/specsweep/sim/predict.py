@@ -10,6 +10,7 @@ latencies follow `metrics.per_request` over the measured (non-ramp) requests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -130,6 +131,8 @@ def run_level(
     With `stagger`, slot k's first request is a ramp request of `ramp_length(output_tokens, k, C)` tokens, all C
     sent at t0, then `n_requests` measured requests follow; without, min(C, n) slots send the n requests.
     `trace` keeps every request's chunks (for `level_records`)."""
+    if max_running_requests is None:  # the scheduler's cap, and what fits in KV memory (hardware facts)
+        max_running_requests = profile.running_cap(speculative, input_tokens + output_tokens)
     engine = Engine(
         profile,
         speculative,
@@ -487,6 +490,20 @@ def run(args: argparse.Namespace) -> int:
         stagger=args.stagger,
         schedule=args.schedule,
     )
+    intervals = None
+    uncertainty = (profile.reference or {}).get("uncertainty")
+    if uncertainty:
+        from specsweep.sim.uncertainty import sweep_intervals
+
+        intervals = sweep_intervals(
+            profile,
+            uncertainty,
+            args.concurrency,
+            [p.aggregate_tok_s for p in sweep.baseline],
+            [p.aggregate_tok_s for p in sweep.speculative],
+            args.input_tokens,
+            args.output_tokens,
+        )
     elapsed = time.perf_counter() - t
     if args.json:
         print(
@@ -499,6 +516,15 @@ def run(args: argparse.Namespace) -> int:
                     "speculative": [p.as_dict() for p in sweep.speculative],
                     "speedup": sweep.speedup(),
                     "crossovers": sweep.crossovers(),
+                    "intervals": None
+                    if intervals is None
+                    else {
+                        "levels": [dataclasses.asdict(lv) for lv in intervals.levels],
+                        "crossover_interval": intervals.crossover_interval(),
+                        "plausible_crossovers": intervals.crossovers,
+                        "verdict": intervals.verdict(),
+                        "measure_next": intervals.suggestions,
+                    },
                     "elapsed_s": elapsed,
                 },
                 indent=2,
@@ -514,6 +540,12 @@ def run(args: argparse.Namespace) -> int:
             f"level max({rule}), {ramp}"
         )
         print(format_sweep(profile, sweep))
+        if intervals is not None:
+            from specsweep.sim.uncertainty import format_intervals
+
+            print(format_intervals(intervals))
+        else:
+            print("(no prediction intervals: no `reference.uncertainty` in the profile; `specsweep calibrate` adds it)")
         print(f"(predicted in {elapsed:.3f} s)")
     return 0
 

@@ -72,6 +72,25 @@ class Batching:
 
 
 @dataclass(frozen=True)
+class Hardware:
+    """Facts about the GPUs and the model's bytes, from spec sheets and the model's shape (not fitted):
+    `sim.bounds` derives from them the fastest each step cost could physically be and how many requests fit in
+    KV memory. `gpus: 0` means not stated: no physical bounds."""
+
+    gpus: int = 0
+    gpu_memory_gb: float = 0.0  # per GPU
+    memory_bandwidth_gbs: float = 0.0  # per GPU, peak read bandwidth of its memory
+    interconnect: str = ""  # e.g. "PCIe Gen5 x16, no NVLink"
+    interconnect_gbs: float = 0.0  # per GPU and direction
+    weight_gb: float = 0.0  # resident weights of the whole model, all GPUs together
+    dense_weight_gb: float = 0.0  # weights every step reads in full (attention, shared experts, embeddings)
+    expert_weight_gb: float = 0.0  # routed experts' weights (a step reads the fraction its tokens touch)
+    kv_bytes_per_token: float = 0.0  # KV cache per token of context, all layers, one copy
+    kv_replicated: bool = True  # every TP rank holds the whole KV (MLA under TP); false: sharded over ranks
+    reserved_gb: float = 0.0  # per GPU, memory neither weights nor KV (activations, CUDA graphs, workspace)
+
+
+@dataclass(frozen=True)
 class Profile:
     """One simulated engine: model facts, step costs, batching and speculation parameters."""
 
@@ -82,6 +101,7 @@ class Profile:
     step: StepCosts = field(default_factory=StepCosts)
     batching: Batching = field(default_factory=Batching)
     speculative: Speculative = field(default_factory=Speculative)
+    hardware: Hardware = field(default_factory=Hardware)
     reference: dict[str, Any] = field(default_factory=dict)  # measurements the profile reproduces (free form)
 
     def step_costs(self, speculative: bool) -> StepCosts:
@@ -90,10 +110,24 @@ class Profile:
             return dataclasses.replace(self.step, **self.speculative.step)
         return self.step
 
-    def running_cap(self, speculative: bool) -> int:
+    def running_cap(self, speculative: bool, context_tokens: int | None = None) -> int:
+        """The scheduler's cap on running requests; with `context_tokens` (prompt + output of a request) also
+        what fits in KV memory when the hardware facts say (`kv_capacity`)."""
+        cap = self.batching.max_running_requests
         if speculative and self.speculative.max_running_requests:
-            return self.speculative.max_running_requests
-        return self.batching.max_running_requests
+            cap = self.speculative.max_running_requests
+        kv = self.kv_capacity(context_tokens) if context_tokens else None
+        return cap if kv is None else max(1, min(cap, kv))
+
+    def kv_capacity(self, context_tokens: int) -> int | None:
+        """Requests of `context_tokens` whose KV cache fits in the GPU memory left after weights and reserve;
+        None when the hardware facts are not stated."""
+        hw = self.hardware
+        if hw.gpus <= 0 or hw.gpu_memory_gb <= 0 or hw.kv_bytes_per_token <= 0 or context_tokens <= 0:
+            return None
+        free = (hw.gpu_memory_gb - hw.weight_gb / hw.gpus - hw.reserved_gb) * 1e9
+        per_gpu = hw.kv_bytes_per_token if hw.kv_replicated else hw.kv_bytes_per_token / self.model.tensor_parallel
+        return max(0, int(free // (per_gpu * context_tokens)))
 
     def expected_accept_length(self) -> float:
         """Mean tokens per verify step: accepted draft prefix (truncated geometric) plus the bonus token."""
@@ -130,6 +164,7 @@ _SECTIONS: dict[str, type] = {
     "step": StepCosts,
     "batching": Batching,
     "speculative": Speculative,
+    "hardware": Hardware,
 }
 
 

@@ -96,7 +96,7 @@ def test_eagle_sweep_alone_predicts_the_baseline_with_a_wide_interval() -> None:
     )
     base_width = [lv.baseline[2] / lv.baseline[1] for lv in result.levels]
     spec_width = [lv.speculative[2] / lv.speculative[1] for lv in result.levels]
-    assert min(base_width) > 1.3 and max(spec_width) < 1.2  # the unmeasured arm is the uncertain one
+    assert min(base_width) > 2.0 and max(spec_width) < 1.3  # the unmeasured arm is the uncertain one
     assert all(lv.baseline[1] <= lv.baseline[0] <= lv.baseline[2] for lv in result.levels)
     assert {arm for arm, _, _ in result.suggestions} == {"baseline"}
     text = format_intervals(result)

@@ -4,10 +4,10 @@ Why: a calibrated profile reproduces the cells it was fitted to whatever story i
 where `predict` extrapolates (an unmeasured arm, levels beyond the measured ones) that story decides the answer.
 Method (docs/sim.md, "Uncertainty"): fit within the physical bounds (`sim.bounds`); for each parameter, a
 profile-likelihood scan: hold it at values across its bounds, refit the others, and keep the values whose
-squared error rises by at most chi2(1, 90%) = 2.71 noise units (noise = the fit's own relative error, at least
-`NOISE_FLOOR`). A parameter whose plausible range is narrow (< 3x) is *pinned*; the others are *free*. Every
-refit inside that range is a plausible profile; predictions over all of them, widened by the noise, give each
-level's 90% interval and the crossover's.
+squared error rises by at most chi2(1, 90%) = 2.71 noise units (noise = the larger of the fit's own relative
+error and its leave-one-out error, at least `NOISE_FLOOR`). A parameter whose plausible range is narrow (< 3x)
+is *pinned*; the others are *free*. Every refit inside that range is a plausible profile; predictions over all
+of them, widened by the noise, give each level's 90% interval and the crossover's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from specsweep.sim.bounds import Bound, parameter_bounds
-from specsweep.sim.calibrate import Target, fit_params, fit_profile, mean_field_tok_s
+from specsweep.sim.calibrate import (
+    DEFAULT_PARAMS_BASELINE,
+    DEFAULT_PARAMS_SPECULATIVE,
+    Target,
+    fit_profile,
+    mean_field_tok_s,
+)
 from specsweep.sim.profile import Profile
 
 CHI2_1_90 = 2.706  # chi-square, 1 degree of freedom, 90%: the profile-likelihood threshold
@@ -59,8 +65,9 @@ class ParamRange:
 class Identification:
     profile: Profile  # the best fit within bounds
     ranges: list[ParamRange]
-    noise: float  # relative noise per level used for the threshold and the band
+    noise: float  # relative error per level used for the threshold and the band: max(rms, loo, floor)
     rms: float  # the best fit's rms relative error (mean field, corrected)
+    loo: float = 0.0  # rms relative error of leave-one-out predictions of the targets
     ensemble: list[dict[str, float]] = field(default_factory=list)  # plausible parameter sets
     measured: list[tuple[str, int]] = field(default_factory=list)  # (arm, C) of the targets
 
@@ -69,6 +76,7 @@ class Identification:
             "method": "profile likelihood within physical bounds (docs/sim.md, Uncertainty)",
             "noise": self.noise,
             "rms": self.rms,
+            "loo": self.loo,
             "params": {r.name: r.as_dict() for r in self.ranges},
             "measured": [list(m) for m in self.measured],
             "ensemble": self.ensemble,
@@ -80,6 +88,22 @@ def _sse(profile: Profile, targets: list[Target], corr: np.ndarray) -> float:
     return float(np.sum(r**2))
 
 
+def _leave_one_out(
+    best: Profile, targets: list[Target], params: list[str], box: dict[str, tuple[float, float]], corr: np.ndarray
+) -> float:
+    """RMS relative error of each target predicted by a fit to the others: the model's out-of-sample error,
+    which a fit with nearly as many parameters as targets hides (its own residuals shrink towards zero)."""
+    if len(targets) < 3:
+        return 0.0
+    errors = []
+    for i, t in enumerate(targets):
+        rest = [u for j, u in enumerate(targets) if j != i]
+        k = np.delete(corr, i)
+        prof, _ = fit_profile(best, rest, params, bounds=box, simulate=False, corr=k)
+        errors.append(mean_field_tok_s(prof, t) * corr[i] / t.tok_s - 1)
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
 def identify(
     base: Profile,
     targets: list[Target],
@@ -87,15 +111,19 @@ def identify(
     grid: int = GRID,
     seed: int = 0,
 ) -> Identification:
-    """Fit within bounds, then scan each parameter (see the module docstring)."""
-    params = [p for p in (params or fit_params(base, targets)) if base.get(p) > 0]
+    """Fit within bounds, then scan each parameter (see the module docstring). By default every step and
+    speculation cost is scanned, also those no target depends on (an arm never measured): their likelihood is
+    flat, so they come out free over their whole range and the unmeasured arm's interval says so."""
+    default = [*DEFAULT_PARAMS_BASELINE, *DEFAULT_PARAMS_SPECULATIVE]
+    params = [p for p in (params or default) if base.get(p) > 0]
     bounds = parameter_bounds(base, params)
     box = {p: (b.lo, b.hi) for p, b in bounds.items()}
     best, pairs = fit_profile(base, targets, params, bounds=box, seed=seed)
     corr = np.array([s / mean_field_tok_s(best, t) for t, s in pairs])
     sse_best = _sse(best, targets, corr)
     rms = math.sqrt(sse_best / len(targets))
-    noise = max(rms, NOISE_FLOOR)
+    loo = _leave_one_out(best, targets, params, box, corr)
+    noise = max(rms, loo, NOISE_FLOOR)
     ensemble = [{p: best.get(p) for p in params}]
     ranges = []
     for name in params:
@@ -136,13 +164,13 @@ def identify(
             ends.append(inside)
         ranges.append(ParamRange(name, centre, min(ends), max(ends), b))
     measured = sorted({("spec" if t.speculative else "baseline", t.concurrency) for t in targets})
-    return Identification(best, ranges, noise, rms, ensemble, measured)
+    return Identification(best, ranges, noise, rms, loo, ensemble, measured)
 
 
 def format_identification(ident: Identification) -> str:
     lines = [
-        f"identifiability (90% profile likelihood, noise {100 * ident.noise:.1f}% per level; fit rms "
-        f"{100 * ident.rms:.1f}%):",
+        f"identifiability (90% profile likelihood, noise {100 * ident.noise:.1f}% per level = the largest of fit rms "
+        f"{100 * ident.rms:.1f}%, leave-one-out rms {100 * ident.loo:.1f}%, floor {100 * NOISE_FLOOR:.0f}%):",
         f"{'parameter':>28} {'best':>10} {'plausible range':>23}  {'':8} bound",
     ]
     for r in ident.ranges:

@@ -312,8 +312,8 @@ def format_intervals(result: SweepIntervals, spec_name: str = "speculative") -> 
         spread = ", ".join(f"x{r:.2f}" for _, _, r in result.suggestions)
         levels = sorted({c for _, c, _ in result.suggestions})
         lines.append(
-            f"measure next: {cells} (their predictions vary {spread} over the plausible profiles); with the pipeline:"
-            f" concurrency: {levels} in your config, then `specsweep calibrate --measured results/<exp>` and predict"
-            " again"
+            f"measure next: {cells} (their predictions vary {spread} over the plausible profiles):\n"
+            f"  snakemake --cores 1 crossover --configfile <your config> --config 'concurrency={levels}'\n"
+            "  then `specsweep calibrate --measured results/<experiment>` and predict again"
         )
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specsweep.engines.speculation import flag_value
 from specsweep.redact import redact_argv
 
 PORT_FLAGS = ("--port",)
@@ -36,17 +37,6 @@ def server_command(argv: list[str]) -> str:
         else:
             out.append(a)
     return " ".join(out)
-
-
-def _flag(argv: list[str], *names: str) -> str | None:
-    """The value of the first of `names` in argv (`--x v` or `--x=v`)."""
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                return argv[i + 1]
-            if a.startswith(n + "="):
-                return a.split("=", 1)[1]
-    return None
 
 
 def draft_model(info: dict[str, Any], speculative: bool) -> str:
@@ -83,7 +73,9 @@ def stack_facts(summary: dict[str, Any]) -> dict[str, Any]:
     if fp_path and Path(fp_path).is_file():
         fp = json.loads(Path(fp_path).read_text())
     recipe = stack.get("recipe") or fp.get("recipe") or {}
-    tp = info.get("tp_size") or _flag(argv, "--tp-size", "--tp", "--tensor-parallel-size", "-tp")
+    tp = info.get("tp_size") or next(
+        (v for f in ("--tp-size", "--tp", "--tensor-parallel-size", "-tp") if (v := flag_value(argv, f))), None
+    )
     gpus_env = (server.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or fp.get("cuda_visible_devices")
     smi = fp.get("nvidia_smi") or {}
     gpu_names = sorted({g.get("name") for g in smi.get("gpus") or [] if g.get("name")})

@@ -366,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         header=f"# fitted by `specsweep calibrate` from {args.measured} (base profile {base.name})",
     )
     print(format_fit(pairs))
-    for problem in check_profile(fitted, [r for r in (params or fit_params(base, targets))]):
+    for problem in check_profile(fitted, params or fit_params(base, targets)):
         print(f"outside physical bounds: {problem}")
     if ident is not None:
         print(format_identification(ident))

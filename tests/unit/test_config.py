@@ -86,3 +86,11 @@ def test_a_request_cap_below_two_turnovers_of_the_top_level_is_refused() -> None
     raw["workload"]["requests"]["max"] = 200
     with pytest.raises(ssconfig.ConfigError, match=r"requests/max'.*C=250.*raise max to 500"):
         ssconfig.validate(raw)
+
+
+def test_numbers_that_arrive_as_text_name_the_fix() -> None:
+    """Snakemake's `--config concurrency=[1,2]` passes the items as strings: the error says so and names the fix."""
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["concurrency"] = ["1", "2"]
+    with pytest.raises(ssconfig.ConfigError, match=r"concurrency/0.*arrived as text.*--configfile"):
+        ssconfig.validate(raw)

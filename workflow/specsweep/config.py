@@ -52,6 +52,14 @@ def defaults(*section: str) -> dict[str, Any]:
     return {k: copy.deepcopy(v["default"]) for k, v in node["properties"].items() if "default" in v}
 
 
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _describe(error: Any) -> str:
     where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
     msg = error.message
@@ -61,6 +69,11 @@ def _describe(error: Any) -> str:
         hint = f"; allowed keys here: {', '.join(sorted(schema['properties']))}"
     elif error.validator == "enum":
         hint = f"; allowed values: {', '.join(map(str, error.validator_value))}"
+    elif error.validator == "type" and isinstance(error.instance, str) and _looks_numeric(error.instance):
+        hint = (
+            "; a number arrived as text, as Snakemake's --config passes list items and some numbers:"
+            " put the value in a YAML file and add it with --configfile"
+        )
     elif "description" in schema:
         hint = f" ({schema['description']})"
     return f"config error at '{where}': {msg}{hint}"

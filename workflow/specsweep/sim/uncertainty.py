@@ -313,7 +313,8 @@ def format_intervals(result: SweepIntervals, spec_name: str = "speculative") -> 
         levels = sorted({c for _, c, _ in result.suggestions})
         lines.append(
             f"measure next: {cells} (their predictions vary {spread} over the plausible profiles):\n"
-            f"  snakemake --cores 1 crossover --configfile <your config> --config 'concurrency={levels}'\n"
+            f"  printf 'concurrency: {levels}\\n' > measure-next.yaml\n"
+            "  snakemake --cores 1 crossover --configfile <your config> measure-next.yaml\n"
             "  then `specsweep calibrate --measured results/<experiment>` and predict again"
         )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import pytest
 
 from specsweep.final import final_text
 from specsweep.mlflow_view import VIEW_KEY, VIEW_NAME, view_tag
+from specsweep.run_notes import crossover_note
 from specsweep.stack_facts import stack_facts
 from specsweep.tracking import (
     _crossover_numbers,
@@ -228,3 +229,11 @@ def test_saved_view_charts_every_arm_against_log_concurrency() -> None:
     assert {"eagle3-k1.speedup", "eagle3-k3.speedup_lo", "eagle3-policy.policy_over_best_hi"} <= set(keys)
     assert {c["metricSectionId"] for c in charts} == {s["uuid"] for s in state["compareRunSections"]}
     assert "cell" in state["searchFilter"]  # the view lists sweeps and crossover runs only
+
+
+def test_crossover_note_says_which_side_speculation_wins() -> None:
+    """The description follows the crossing's direction: a rising speedup means speculation wins above it."""
+    down = _arm(3, "crossover")
+    up = {**_arm(3, "crossover"), "crossings": [{"concurrency": 7.5, "direction": "up", "lo": 3.0, "hi": 12.0}]}
+    assert "speculation is below it faster, above it slower" in crossover_note({"arms": {"e": down}}, "v", {}, "1")
+    assert "speculation is below it slower, above it faster" in crossover_note({"arms": {"e": up}}, "v", {}, "1")

@@ -64,7 +64,9 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
         verdict = (result.get("verdict") or {}).get("kind", "-")
         threshold = result.get("threshold")
         if est is not None:
-            cross = f"crossover at C = {_c(est)} [{_c(lo)}, {_c(hi)}]: below it speculation is faster, above it slower"
+            up = ((result.get("crossings") or [{}])[0]).get("direction") == "up"
+            meaning = "below it slower, above it faster" if up else "below it faster, above it slower"
+            cross = f"crossover at C = {_c(est)} [{_c(lo)}, {_c(hi)}]: speculation is {meaning}"
         else:
             cross = f"no crossover inside the measured levels (verdict: {verdict})"
         if threshold is not None:

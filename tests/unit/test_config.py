@@ -94,3 +94,30 @@ def test_numbers_that_arrive_as_text_name_the_fix() -> None:
     raw["concurrency"] = ["1", "2"]
     with pytest.raises(ssconfig.ConfigError, match=r"concurrency/0.*arrived as text.*--configfile"):
         ssconfig.validate(raw)
+
+
+OPEN = {"load": {"mode": "open", "rates": [0.5, 2]}, "analysis": {"primary_metric": "e2e_p50_s"}}
+
+
+def test_open_loop_levels_and_what_only_closed_loops_have() -> None:
+    cfg = ssconfig.validate({**GOOD, **OPEN, "policy": {"measure": False}})
+    assert ssconfig.levels(cfg) == [0.5, 2] and ssconfig.level_name("open", 0.5) == "r0.5"
+    assert ssconfig.parse_level("r0.5") == ("open", 0.5) and ssconfig.parse_level("c10") == ("closed", 10)
+    spec = ssconfig.cell_spec(cfg, "sim", "baseline", 2)
+    assert spec["level"] == 2 and spec["n_requests"] == 60 and spec["load"]["mode"] == "open"  # 2/s x 30 s
+    assert "trace" not in spec["load"] and "rates" not in spec["load"]  # another level's rate reruns nothing
+    assert "set policy.measure: false" in bad(**OPEN)
+    assert "set adaptive.enabled: false" in bad(**OPEN, policy={"measure": False}, adaptive={"enabled": True})
+    msg = bad(load=OPEN["load"], policy={"measure": False})
+    assert "config error at 'analysis/primary_metric'" in msg and "e2e_p50_s" in msg
+
+
+def test_a_bad_trace_stops_at_config_time_naming_file_and_line(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4}\n{"timestamp": 9, "input_length": 8}\n')
+    load = {"mode": "trace", "trace": {"path": str(trace)}}
+    msg = bad(load=load, policy={"measure": False}, analysis={"primary_metric": "tpot_p50_s"})
+    assert f"config error at 'load/trace/path': {trace}:2: missing field 'output_length'" in msg
+    assert "name a Mooncake JSONL trace" in bad(
+        load={"mode": "trace"}, policy={"measure": False}, analysis={"primary_metric": "tpot_p50_s"}
+    )

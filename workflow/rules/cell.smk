@@ -1,4 +1,4 @@
-# One cell: variant x arm x concurrency (all repeats). The unit of measurement and of --forcerun.
+# One cell: variant x arm x level (all repeats): c<C> (closed loop), r<requests/s> (open), t<time scale> (trace). The unit of measurement and of --forcerun.
 
 
 rule cell:
@@ -6,20 +6,20 @@ rule cell:
     input:
         unpack(cell_inputs),
     output:
-        requests=RES / "{variant}" / "{arm}" / "c{c}" / "requests.parquet",
+        requests=RES / "{variant}" / "{arm}" / "{level}" / "requests.parquet",
         summary=report(
-            RES / "{variant}" / "{arm}" / "c{c}" / "summary.json",
+            RES / "{variant}" / "{arm}" / "{level}" / "summary.json",
             category="Cells",
             caption="../report/cell.rst",
             subcategory="{variant}",
-            labels={"variant": "{variant}", "arm": "{arm}", "concurrency": "{c}"},
+            labels={"variant": "{variant}", "arm": "{arm}", "level": "{level}"},
         ),
     log:
-        LOGS / "cells" / "{variant}.{arm}.c{c}.log",
+        LOGS / "cells" / "{variant}.{arm}.{level}.log",
     benchmark:
-        RES / "benchmarks" / "cell.{variant}.{arm}.c{c}.tsv"
+        RES / "benchmarks" / "cell.{variant}.{arm}.{level}.tsv"
     wildcard_constraints:
-        c=r"\d+",
+        level=r"c\d+|[rt]\d+(\.\d+)?",
     priority: cell_priority
     conda:
         "../envs/specsweep.yaml"
@@ -27,7 +27,7 @@ rule cell:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
     params:
         spec=cell_spec_json,
-        out_dir=lambda w: RES / w.variant / w.arm / f"c{w.c}",
+        out_dir=lambda w: RES / w.variant / w.arm / w.level,
         state_dir=STATE_DIR,
         server_logs=LOGS / "servers",
     shell:

@@ -9,6 +9,10 @@ from specsweep.config import (
     cell_spec,
     dumps,
     fixed_arms,
+    level_name,
+    levels,
+    load_mode,
+    parse_level,
     policy_arms,
     requests_for,
     server_group_priority,
@@ -24,7 +28,8 @@ VARIANTS = list(config["variants"])
 ARMS = list(config["arms"])
 FIXED_ARMS = fixed_arms(config)  # the baseline and every speculative (sub-)arm
 POLICY_ARMS = policy_arms(config)  # policy arm -> its family: serves the derived schedule (workflow/rules/policy.smk)
-LEVELS = sorted(config["concurrency"])
+LOAD_MODE = load_mode(config)  # closed (c<C> cells), open (r<rate>) or trace (t<time scale>)
+LEVELS = levels(config)
 BASELINE_ARM = config["analysis"]["baseline_arm"]
 ADAPTIVE = config["adaptive"]
 TRACKING = config["mlflow"]["enabled"]
@@ -42,7 +47,7 @@ def known(kind, name, names):
 
 
 def cell_path(variant, arm, c, name):
-    return RES / variant / arm / f"c{c}" / name
+    return RES / variant / arm / level_name(LOAD_MODE, c) / name
 
 
 def levels_after(variant, round_):
@@ -121,7 +126,12 @@ def policy_entry(variant, arm):
 def cell_inputs(wildcards):
     variant = known("variant", wildcards.variant, VARIANTS)
     known("arm", wildcards.arm, ARMS)
-    c = int(wildcards.c)
+    mode, c = parse_level(wildcards.level)
+    if mode != LOAD_MODE:
+        raise ValueError(
+            f"level {wildcards.level} is a {mode} level, and load.mode is {LOAD_MODE}; "
+            f"ask for {level_name(LOAD_MODE, LEVELS[0])}-style cells (levels {LEVELS})"
+        )
     if ADAPTIVE["enabled"] and not LEVELS[0] <= c <= LEVELS[-1]:
         raise ValueError(
             f"concurrency {c} is outside the configured range {LEVELS[0]}..{LEVELS[-1]}, where adaptive levels "
@@ -129,10 +139,12 @@ def cell_inputs(wildcards):
         )
     if not ADAPTIVE["enabled"] and c not in LEVELS:
         raise ValueError(
-            f"concurrency {c} is not among the configured levels {LEVELS}; add it to 'concurrency' "
-            "(or enable adaptive levels)"
+            f"level {c} is not among the configured levels {LEVELS}; add it to "
+            + ("'concurrency' (or enable adaptive levels)" if mode == "closed" else f"the load's levels (load.mode {mode})")
         )
     inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
+    if LOAD_MODE == "trace":  # editing the trace reruns its cells
+        inputs["trace"] = config["load"]["trace"]["path"]
     if wildcards.arm in POLICY_ARMS:  # waits for the schedule; its content is a param (cell_spec_json)
         policy_entry(variant, wildcards.arm)
     if config["variants"][variant].get("model_builder"):
@@ -182,7 +194,7 @@ def builder_input(wildcards):
 
 def cell_spec_json(wildcards):
     served = policy_entry(wildcards.variant, wildcards.arm) if wildcards.arm in POLICY_ARMS else None
-    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, int(wildcards.c), served))
+    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, parse_level(wildcards.level)[1], served))
 
 
 def cell_priority(wildcards):

@@ -10,16 +10,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from specsweep import servers
+from specsweep.client.arrivals import (
+    ArrivalPlan,
+    TraceError,
+    expected_prefix_share,
+    gamma_times,
+    load_mooncake_trace,
+    trace_plan,
+    trace_prompts,
+)
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.loadgen import measure_level, new_session, warmup_count
-from specsweep.client.prompts import LevelPrompts, level_prompts
+from specsweep.client.prompts import LevelPrompts, cell_tag, level_prompts, set_seed, warmup_tag
 from specsweep.config import defaults, variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
@@ -59,18 +69,26 @@ def fixed_output_tokens(output: Any) -> int:
 
 
 async def build_prompts(
-    spec: dict[str, Any], url: str, headers: dict[str, str] | None, tokenizer_path: str | None
+    spec: dict[str, Any],
+    url: str,
+    headers: dict[str, str] | None,
+    tokenizer_path: str | None,
+    n_warmup: int | None = None,
+    ramp: int | None = None,
 ) -> LevelPrompts:
     """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level."""
     workload = spec["workload"]
     if workload.get("prompts_file") and not Path(workload["prompts_file"]).is_file():
         raise CellError(f"workload.prompts_file {workload['prompts_file']} does not exist; fix the path or set null")
-    ramp = spec["concurrency"] if workload["stagger"] else 0
+    if ramp is None:
+        ramp = spec["concurrency"] if workload["stagger"] else 0
+    if n_warmup is None:
+        n_warmup = warmup_count(workload["warmup_requests"], spec["concurrency"])
     return await level_prompts(
         spec["concurrency"],
         spec["n_requests"] + ramp,
         spec["repeats"],
-        warmup_count(workload["warmup_requests"], spec["concurrency"]),
+        n_warmup,
         workload["input_tokens"],
         workload["seed"],
         workload["output_tokens"],
@@ -78,6 +96,63 @@ async def build_prompts(
         url=url,
         tokenizer_path=tokenizer_path,
         headers=headers,
+    )
+
+
+OPEN_WARMUP_S = 2.0  # an open level's warm-up: this many seconds of its arrivals (at least warmup_requests)
+
+
+def open_warmup_count(spec: dict[str, Any], rate_rps: float) -> int:
+    """Warm-up requests of an open or trace level: a short replay at the level's own rate, so the server meets
+    the batch sizes that rate makes before it is measured; none when warmup_requests is 0."""
+    warm = spec["workload"]["warmup_requests"]
+    return max(warm, math.ceil(rate_rps * OPEN_WARMUP_S)) if warm > 0 else 0
+
+
+def arrival_plans(spec: dict[str, Any]) -> tuple[list[ArrivalPlan], ArrivalPlan]:
+    """One arrival plan per repeat and the warm-up's, by seed (open) or from the trace (trace)."""
+    load, level, seed, repeats = spec["load"], float(spec["level"]), spec["workload"]["seed"], spec["repeats"]
+    if load["mode"] == "trace":
+        t = load["trace"]
+        try:
+            trace = load_mooncake_trace(t["path"])
+        except TraceError as e:
+            raise CellError(f"{e}; fix load.trace.path") from None
+        plan = trace_plan(trace, level, t.get("max_requests"))
+        warm = trace_plan(trace, level, open_warmup_count(spec, plan.offered_rate_rps or 1.0))
+        return [plan] * repeats, warm
+    shape = float(load["burstiness"]) if load["arrival"] == "gamma" else 1.0
+    meta = {"arrival": load["arrival"], "shape": shape, "rate_rps": level}
+
+    def plan(n: int, tag: str) -> ArrivalPlan:
+        return ArrivalPlan(gamma_times(level, n, set_seed(seed, tag), shape), source=load["arrival"], meta=meta)
+
+    plans = [plan(spec["n_requests"], f"arrivals-{cell_tag(level, r)}") for r in range(repeats)]
+    return plans, plan(open_warmup_count(spec, level), f"arrivals-{warmup_tag(level)}")
+
+
+async def open_prompts(
+    spec: dict[str, Any],
+    plans: list[ArrivalPlan],
+    warm: ArrivalPlan,
+    url: str,
+    headers: dict[str, str] | None,
+    tokenizer_path: str | None,
+) -> LevelPrompts:
+    """The prompts an open or trace level sends: a trace's are built from its lengths and prefix blocks;
+    an open level's are the workload's, one per planned request (the same sets in every arm)."""
+    level, seed = float(spec["level"]), spec["workload"]["seed"]
+    if spec["load"]["mode"] == "trace":
+        block = int(spec["load"]["trace"]["block_tokens"])
+        sets = [trace_prompts(p, seed, cell_tag(level, r), block) for r, p in enumerate(plans)]
+        return LevelPrompts(trace_prompts(warm, seed, warmup_tag(level), block), sets, unique=True)
+    return await build_prompts(
+        {**spec, "concurrency": level, "n_requests": len(plans[0])},
+        url,
+        headers,
+        tokenizer_path,
+        n_warmup=len(warm),
+        ramp=0,
     )
 
 
@@ -104,7 +179,15 @@ async def measure(
         api_key=api_key,
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    prompts = await build_prompts(spec, url, headers, tokenizer_path)
+    open_loop = spec.get("load", {}).get("mode", "closed") != "closed"
+    plans: list[ArrivalPlan] | None = None
+    warm_plan: ArrivalPlan | None = None
+    if open_loop:
+        plans, warm_plan = arrival_plans(spec)
+        n_requests = len(plans[0])
+        prompts = await open_prompts(spec, plans, warm_plan, url, headers, tokenizer_path)
+    else:
+        prompts = await build_prompts(spec, url, headers, tokenizer_path)
     started = time.monotonic()
     async with new_session(concurrency) as session:
         info = await engine.server_info(session, url)
@@ -116,13 +199,16 @@ async def measure(
             fixed_output_tokens(workload["output_tokens"]),
             warmup=workload["warmup_requests"],
             repeats=spec["repeats"],
-            stagger=workload["stagger"],
+            stagger=workload["stagger"] and not open_loop,
             duration_s=workload["requests"].get("duration_s"),
             hooks=engine,
             server_pid=server_pid,
             watch_cpus=plan.watched,
             idle_probe_s=spec["client"]["idle_probe_s"],
             session=session,
+            plans=plans,
+            max_in_flight=concurrency if open_loop else None,
+            warmup_plan=warm_plan,
         )
     level_s = time.monotonic() - started
     max_running = info.get("max_running_requests") if isinstance(info, dict) else None
@@ -142,6 +228,17 @@ async def measure(
             "duration_s": workload["requests"].get("duration_s"),
         }
     )
+    if plans is not None:
+        summary["workload"]["arrivals"] = {
+            **spec["load"],
+            "level": spec["level"],
+            "offered_rate_rps": plans[0].offered_rate_rps,
+            "planned_requests": len(plans[0]),
+            **plans[0].meta,
+        }
+        if spec["load"]["mode"] == "trace":  # what the trace's own prefix reuse lets the cache serve
+            share = expected_prefix_share(plans[0], int(spec["load"]["trace"]["block_tokens"]))
+            summary["workload"]["expected_prefix_share"] = share
     summary["level_s"] = level_s  # warm-up, cache resets, idle probes and the closed loops
     summary["measured_s"] = sum(float(r.client.get("wall_s") or 0.0) for r in level.repeats)  # closed loops
     summary["cpus"] = plan.as_dict()
@@ -198,7 +295,13 @@ def run_cell(
     summary.update(
         {
             "cell": cell_identity(
-                spec["experiment"], spec["variant_name"], arm_name, spec["concurrency"], arm["speculative"]
+                spec["experiment"],
+                spec["variant_name"],
+                arm_name,
+                spec["concurrency"],
+                arm["speculative"],
+                spec.get("load", {}).get("mode", "closed"),
+                spec.get("level"),
             ),
             "source": server.source,
             "engine": server.engine,

@@ -131,6 +131,7 @@ def _check_semantics(config: dict[str, Any]) -> None:
             f"config error at 'workload/requests/max': {cap} measured requests cannot fill C={top}'s steady window"
             f" (it needs at least 2 x C = {2 * top}); raise max to {2 * top} or more, or drop the level"
         )
+    _check_load(config)
     for name, variant in config["variants"].items():
         for arm in variant.get("arm_server_args", {}):
             if arm not in arms:
@@ -143,6 +144,43 @@ def _check_semantics(config: dict[str, Any]) -> None:
                 f"config error at 'variants/{name}/model': engine {variant['engine']} needs a model path "
                 "(or model_builder: tiny-llama)"
             )
+
+
+OPEN_LOOP_METRICS = ("tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "goodput_rps", "per_request_tok_s_mean")
+
+
+def _check_load(config: dict[str, Any]) -> None:
+    """Open and trace sweeps: what only closed loops have is refused, and a trace is read whole (a bad line
+    stops here, before any server starts)."""
+    mode = load_mode(config)
+    if mode == "closed":
+        return
+    if config["adaptive"]["enabled"]:
+        raise ConfigError(
+            f"config error at 'adaptive/enabled': adaptive levels add concurrency levels, and load.mode is {mode}; "
+            "set adaptive.enabled: false (or load.mode: closed)"
+        )
+    if config["policy"]["measure"]:
+        raise ConfigError(
+            f"config error at 'policy/measure': the policy arm is measured on closed-loop sweeps, and load.mode is "
+            f"{mode}; set policy.measure: false (policy.yaml still gives the threshold in running requests)"
+        )
+    metric = config["analysis"]["primary_metric"]
+    if metric not in OPEN_LOOP_METRICS:
+        raise ConfigError(
+            f"config error at 'analysis/primary_metric': {metric} is the offered load itself in an {mode} loop "
+            f"(every arm that keeps up delivers what arrives); choose one of {', '.join(OPEN_LOOP_METRICS)}"
+        )
+    if mode == "trace":
+        from specsweep.client.arrivals import TraceError, load_mooncake_trace
+
+        path = config["load"]["trace"]["path"]
+        if not path:
+            raise ConfigError("config error at 'load/trace/path': load.mode is trace; name a Mooncake JSONL trace")
+        try:
+            load_mooncake_trace(path)
+        except TraceError as e:
+            raise ConfigError(f"config error at 'load/trace/path': {e}") from None
 
 
 def _expand_arms(config: dict[str, Any]) -> None:
@@ -275,6 +313,55 @@ def load(path: str | Path) -> dict[str, Any]:
     return validate(load_yaml(path))
 
 
+LEVEL_PREFIX = {"closed": "c", "open": "r", "trace": "t"}  # a cell's folder: c<C>, r<requests/s>, t<time scale>
+LEVEL_UNIT = {"closed": "concurrency", "open": "requests/s", "trace": "time scale"}
+
+
+def load_mode(config: dict[str, Any]) -> str:
+    """closed, open or trace (`load.mode`; an analysis_spec holds the mode itself)."""
+    load = config.get("load") or {}
+    return load if isinstance(load, str) else str(load.get("mode", "closed"))
+
+
+def levels(config: dict[str, Any]) -> list[int | float]:
+    """The configured levels in the load mode's unit: concurrency, requests/s or trace time scales."""
+    mode, load = load_mode(config), config.get("load") or {}
+    if mode == "open":
+        return sorted(_number(x) for x in load["rates"])
+    if mode == "trace":
+        return sorted(_number(x) for x in load["trace"]["time_scales"])
+    return sorted(int(c) for c in config["concurrency"])
+
+
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def configured_levels(config: dict[str, Any]) -> list[int | float] | None:
+    """The levels an analysis config names: its `levels` (analysis_spec), else those of a whole config."""
+    if config.get("levels"):
+        return list(config["levels"])
+    if config.get("concurrency") or (config.get("load") or {}).get("mode") not in (None, "closed"):
+        return levels(config)
+    return None
+
+
+def level_name(mode: str, value: float) -> str:
+    """A cell's folder name: `c10`, `r2.5`, `t1` (the level's unit by its prefix)."""
+    return f"{LEVEL_PREFIX[mode]}{_number(value)}"
+
+
+def parse_level(name: str) -> tuple[str, int | float]:
+    """`c10` -> ("closed", 10), `r2.5` -> ("open", 2.5), `t1` -> ("trace", 1)."""
+    for mode, prefix in LEVEL_PREFIX.items():
+        if name.startswith(prefix):
+            try:
+                return mode, _number(float(name[len(prefix) :]))
+            except ValueError:
+                break
+    raise ValueError(f"{name!r} is not a level name (c<concurrency>, r<requests/s> or t<time scale>)")
+
+
 def request_count(concurrency: int, per_concurrency: float, floor: int, maximum: int | None = None) -> int:
     """Measured requests at one level (after its C ramp requests): per_concurrency turnovers of every slot, at
     least 2*C so the steady window holds a full turnover, at least the floor, at most `maximum`."""
@@ -352,6 +439,41 @@ def cell_spec(
         arm_cfg = {**arm_cfg, "schedule": served["schedule"]}
         if served.get("file"):
             arm_cfg["schedule_file"] = served["file"]
+    mode = load_mode(config)
+    if mode != "closed":
+        return {
+            **_common_cell_spec(config, variant, arm, arm_cfg),
+            "load": _load_slice(config["load"], mode),
+            "level": _number(concurrency),
+            "concurrency": int(config["load"]["max_in_flight"]),
+            "n_requests": open_request_count(config, concurrency),
+        }
+    return {
+        **_common_cell_spec(config, variant, arm, arm_cfg),
+        "concurrency": int(concurrency),
+        "n_requests": requests_for(config, int(concurrency)),
+    }
+
+
+def _load_slice(load: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The part of `load:` an open or trace cell's measurement depends on (a trace cell: not the rates)."""
+    keep = ("mode", "max_in_flight", "trace") if mode == "trace" else ("mode", "max_in_flight", "arrival", "burstiness")
+    out = {k: load[k] for k in keep}
+    if mode == "open":
+        out["duration_s"] = load["duration_s"]
+    return out
+
+
+def open_request_count(config: dict[str, Any], level: float) -> int:
+    """Requests per repeat of an open level (rate x duration, at least the floor) or a trace level (its
+    requests, or max_requests of them)."""
+    load = config["load"]
+    if load["mode"] == "trace":
+        return int(load["trace"].get("max_requests") or 0)  # 0: the whole trace (its length is read by the cell)
+    return max(int(config["workload"]["requests"]["floor"]), math.ceil(float(level) * float(load["duration_s"])))
+
+
+def _common_cell_spec(config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
@@ -359,8 +481,6 @@ def cell_spec(
         "variant": _variant_for_arm(config["variants"][variant], arm),
         "arm_name": arm,
         "arm": arm_cfg,
-        "concurrency": int(concurrency),
-        "n_requests": requests_for(config, int(concurrency)),
         "repeats": config["repeats"],
         "workload": config["workload"],
         "client": config["client"],
@@ -372,6 +492,8 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
     return {
         "experiment": config["experiment"],
         "concurrency": config["concurrency"],
+        "load": load_mode(config),
+        "levels": levels(config),
         "analysis": config["analysis"],
         "gates": config["gates"],
         "slo": config["slo"],

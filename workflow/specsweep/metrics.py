@@ -24,6 +24,8 @@ REPEAT_SCALARS = (
     "request_throughput_rps",
     "goodput_rps",
     "achieved_concurrency",
+    "running_requests_mean",
+    "achieved_rate_rps",
 )
 # A repeat whose chunks were kernel-stamped in at least this share of reads: loop lag cannot move its stamps.
 KERNEL_STAMPED = 0.99
@@ -117,6 +119,77 @@ def steady_window(send_s: Any, end_s: Any, concurrency: int) -> tuple[float, flo
     after = ends[ends > sends.max()]
     end = float(after.min()) if after.size else float(ends.max())
     return start, max(end, start)
+
+
+def is_open_loop(df: pd.DataFrame) -> bool:
+    """Whether the records come from an open loop: their requests carry a planned send time."""
+    return "scheduled_s" in df and bool(np.isfinite(df["scheduled_s"].to_numpy(dtype=float)).any())
+
+
+def open_window(send_s: Any, end_s: Any) -> tuple[float, float]:
+    """[start, end] of an open-loop level's steady window, from plain arrays of send and end times.
+
+    start: the first end, about one request time after the first arrival into an idle server (the fill
+    transient: before it nothing has left, so in-flight only grows). end: the last send, after which arrivals
+    stop and the server drains. In between arrivals and departures both run, as in the stationary regime
+    the level stands for (docs/metrics.md). An empty window (the run was shorter than one request) is
+    returned as (start, start).
+    """
+    sends = np.asarray(send_s, dtype=float)
+    sends = sends[np.isfinite(sends)]
+    ends = np.asarray(end_s, dtype=float)
+    ends = ends[np.isfinite(ends)]
+    if sends.size == 0 or ends.size == 0:
+        return (math.nan, math.nan)
+    start = float(ends.min())
+    return start, max(float(sends.max()), start)
+
+
+def window(df: pd.DataFrame, concurrency: int) -> tuple[float, float]:
+    """The level's steady window: `open_window` for open-loop records, `steady_window` for a closed loop."""
+    sends, ends = df["send_s"].to_numpy(dtype=float), df["end_s"].to_numpy(dtype=float)
+    return open_window(sends, ends) if is_open_loop(df) else steady_window(sends, ends, concurrency)
+
+
+def send_lag(df: pd.DataFrame) -> np.ndarray:
+    """Open loop: per request, how late the client sent it beyond its plan and the cap's hold (seconds)."""
+    if not is_open_loop(df):
+        return np.empty(0)
+    lag = df["send_s"].to_numpy(dtype=float) - df["scheduled_s"].to_numpy(dtype=float)
+    lag -= df["held_s"].to_numpy(dtype=float) if "held_s" in df else 0.0
+    return lag[np.isfinite(lag)]
+
+
+def held_share(df: pd.DataFrame, tolerance_s: float = 1e-3) -> float | None:
+    """Open loop: the share of requests the in-flight cap held back (None in a closed loop)."""
+    if not is_open_loop(df) or "held_s" not in df or not len(df):
+        return None
+    return float((df["held_s"].to_numpy(dtype=float) > tolerance_s).mean())
+
+
+def running_requests(df: pd.DataFrame, start: float, end: float, samples: int = 200) -> dict[str, float | None]:
+    """Requests in flight over [start, end], two ways: the measured in-flight curve (time-weighted mean, and
+    its p50/p90/max at `samples` evenly spaced instants) and Little's law (arrival rate in the window x mean
+    time in the system of the requests sent in it). In a closed loop both are C when the client keeps up; in
+    an open loop they are what the server's speed makes of the offered rate: the x the policy acts on."""
+    none: dict[str, float | None] = {"mean": None, "littles_law": None, "p50": None, "p90": None, "max": None}
+    if not (end > start):
+        return none
+    send = df["send_s"].to_numpy(dtype=float)
+    stop = df["end_s"].to_numpy(dtype=float)
+    m = np.isfinite(send) & np.isfinite(stop)
+    send, stop = send[m], stop[m]
+    t = np.linspace(start, end, samples)
+    curve = ((send[None, :] <= t[:, None]) & (stop[None, :] > t[:, None])).sum(axis=1)
+    inside = (send >= start) & (send < end)  # half-open: n arrivals a second over a window of n seconds
+    littles = float(inside.sum() / (end - start) * (stop[inside] - send[inside]).mean()) if inside.any() else None
+    return {
+        "mean": mean_in_flight(df, start, end),
+        "littles_law": littles,
+        "p50": float(np.percentile(curve, 50)),
+        "p90": float(np.percentile(curve, 90)),
+        "max": float(curve.max()),
+    }
 
 
 def reissue_delays(df: pd.DataFrame) -> np.ndarray:
@@ -338,10 +411,12 @@ def repeat_metrics(
     prg = pr[meas]
     itl_tok, itl_chunk = itl(df[meas])
     sends = df["send_s"].to_numpy(dtype=float)
-    ends = df["end_s"].to_numpy(dtype=float)
     duration = _span(df)
-    start, end = steady_window(sends, ends, concurrency)
+    start, end = window(df, concurrency)
     steady = end - start
+    running = running_requests(df, start, end)
+    open_loop = is_open_loop(df)
+    in_window = (sends >= start) & (sends < end)
     total_tokens = int(df["output_tokens"].sum())
     n_ok = int(df["ok"].sum())
     goodput = goodput_rps(df, slos)
@@ -364,6 +439,12 @@ def repeat_metrics(
         "goodput_rps": goodput,
         "slos": dict(slos) if slos else {},
         "achieved_concurrency": _f(mean_in_flight(df, start, end)),
+        "running_requests_mean": running["mean"],
+        "running_requests": running,
+        "load": "open" if open_loop else "closed",
+        "achieved_rate_rps": rate(float(in_window.sum()), steady) if open_loop else None,
+        "send_lag_ms": stats(send_lag(df), 1e3),
+        "held_share": held_share(df),
         "ttft_ms": stats(prg["ttft"], 1e3),
         "tpot_ms": stats(prg["tpot"], 1e3),
         "itl_token_ms": stats(itl_tok, 1e3),
@@ -438,7 +519,9 @@ def validity(
             "not kernel-stamped: timestamps include client delay"
         )
     ach = m["achieved_concurrency"]
-    if ach is None or ach < gates["min_achieved_concurrency_ratio"] * concurrency:
+    if m.get("load") == "open":
+        _open_loop_validity(m, gates, reasons, flags)
+    elif ach is None or ach < gates["min_achieved_concurrency_ratio"] * concurrency:
         shown = "n/a" if ach is None else f"{ach:.2f}"
         reasons.append(
             f"achieved concurrency {shown} < {gates['min_achieved_concurrency_ratio']:.0%} of C={concurrency}"
@@ -460,7 +543,7 @@ def validity(
             f"prefix-cache hit rate {hit:.1%} > {gates['max_prefix_cache_hit_rate']:.0%}: requests were served "
             "from an earlier cell's cache (reset the cache between cells; see docs/engines.md)"
         )
-    if server_max_running is not None and concurrency > server_max_running:
+    if server_max_running is not None and m.get("load") != "open" and concurrency > server_max_running:
         flags.append(
             f"C={concurrency} exceeds the server's running-request cap {server_max_running}: "
             "the excess requests queue inside the server"
@@ -470,6 +553,27 @@ def validity(
     if mismatch:
         flags.append(f"{mismatch} request(s): streamed token count differs from the server's usage")
     return {"valid": not reasons, "reasons": reasons, "flags": flags}
+
+
+def _open_loop_validity(m: Mapping[str, Any], gates: Mapping[str, Any], reasons: list[str], flags: list[str]) -> None:
+    """An open loop's own gates: a window to measure in, and sends on plan. The client's lateness is judged
+    against the host's idle timer jitter (the same excess gate as loop lag), so a jittery VM is not mistaken
+    for a client that fell behind; requests the in-flight cap held back are the load's doing, flagged."""
+    if not m["steady_window_s"]:
+        reasons.append("empty steady window: the level ended within one request time (raise load.duration_s)")
+    lag_p99 = m["send_lag_ms"]["p99"]
+    idle_p99 = m["client"]["idle_lag_ms"]["p99"] or 0.0
+    if lag_p99 is not None and lag_p99 - idle_p99 > gates["max_loop_lag_excess_ms"]:
+        reasons.append(
+            f"client sent late: send lag p99 {lag_p99:.2f} ms is {lag_p99 - idle_p99:.2f} ms above the host's idle "
+            f"{idle_p99:.2f} ms (> {gates['max_loop_lag_excess_ms']:g} ms): the arrivals were not the planned ones"
+        )
+    held = m.get("held_share")
+    if held:
+        flags.append(
+            f"the in-flight cap held back {held:.0%} of arrivals: the server did not keep up with the offered rate "
+            "(above it the level is a closed loop at the cap; load.max_in_flight)"
+        )
 
 
 def measure_summary(

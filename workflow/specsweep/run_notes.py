@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specsweep.summary import cell_level
+
 
 def _source(source: Any) -> str:
     return "simulated engine" if source == "simulated" else "real engine"
@@ -24,17 +26,20 @@ def _c(v: Any) -> str:
 def cell_note(summary: dict[str, Any]) -> str:
     cell, w, validity = summary["cell"], summary.get("workload") or {}, summary["validity"]
     verdict = "valid" if validity["valid"] else "INVALID: " + "; ".join(validity.get("reasons") or [])
-    where = f"{cell['variant']}/{cell['arm']} at concurrency C={cell['concurrency']}"
+    load = cell.get("load", "closed")
+    at = {"closed": f"concurrency C={cell['concurrency']}", "open": f"{cell.get('level')} requests/s"}
+    where = f"{cell['variant']}/{cell['arm']} at " + at.get(load, f"trace time scale {cell.get('level')}")
+    loop = "a closed loop" if load == "closed" else f"an open loop ({load})"
     return (
         f"Cell {where} ({_source(summary.get('source'))}):"
-        f" {w.get('n_requests')} measured requests of {w.get('output_tokens')} output tokens in a closed loop;"
+        f" {w.get('n_requests')} measured requests of {w.get('output_tokens')} output tokens in {loop};"
         f" {verdict}. Metrics use summary.json's names; the sweep run above charts the headline ones against C."
     )
 
 
 def sweep_note(variant: str, arm: str, summaries: list[dict[str, Any]]) -> str:
-    levels = [int(s["cell"]["concurrency"]) for s in summaries]
-    bad = [int(s["cell"]["concurrency"]) for s in summaries if not s["validity"]["valid"]]
+    levels = [f"{cell_level(s['cell']):g}" for s in summaries]
+    bad = [f"{cell_level(s['cell']):g}" for s in summaries if not s["validity"]["valid"]]
     source = _source((summaries[0] if summaries else {}).get("source"))
     gaps = (
         f" Invalid (left off the curves, reasons in tag specsweep.invalid_cells): C={', '.join(map(str, bad))}."

@@ -25,6 +25,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "cell_identity",
     "cell_key",
+    "cell_level",
+    "cell_step",
+    "level_step",
     "judged",
     "level_summary",
     "read_judged",
@@ -35,21 +38,55 @@ __all__ = [
 SCHEMA_VERSION = 3  # 3: no validity or goodput stored (judged when read)
 
 
-def cell_key(experiment: str, variant: str, arm: str, concurrency: int) -> str:
-    """The key that names a cell everywhere (summaries, MLflow, the analysis): `exp/variant/arm/cC`."""
-    return f"{experiment}/{variant}/{arm}/c{int(concurrency)}"
+def cell_key(experiment: str, variant: str, arm: str, concurrency: int, level: str | None = None) -> str:
+    """The key that names a cell everywhere (summaries, MLflow, the analysis): `exp/variant/arm/cC`, or the
+    open or trace level's folder name (`r2.5`, `t1`) in place of `cC`."""
+    return f"{experiment}/{variant}/{arm}/{level or f'c{int(concurrency)}'}"
 
 
-def cell_identity(experiment: str, variant: str, arm: str, concurrency: int, speculative: bool) -> dict[str, Any]:
-    """summary.json's `cell` block."""
-    return {
+def cell_identity(
+    experiment: str,
+    variant: str,
+    arm: str,
+    concurrency: int,
+    speculative: bool,
+    load: str = "closed",
+    level: float | None = None,
+) -> dict[str, Any]:
+    """summary.json's `cell` block. Open and trace cells add their load mode and level (requests/s, time
+    scale); their `concurrency` is the in-flight cap."""
+    from specsweep.config import level_name
+
+    name = level_name(load, level) if load != "closed" and level is not None else None
+    out = {
         "experiment": experiment,
         "variant": variant,
         "arm": arm,
         "concurrency": int(concurrency),
-        "key": cell_key(experiment, variant, arm, concurrency),
+        "key": cell_key(experiment, variant, arm, concurrency, name),
         "speculative": bool(speculative),
     }
+    if name is not None:
+        out.update(load=load, level=level)
+    return out
+
+
+def cell_level(cell: dict[str, Any]) -> float:
+    """A summary's `cell` block -> its level: C (closed loop), requests/s (open) or time scale (trace)."""
+    return float(cell["level"]) if cell.get("level") is not None else float(cell["concurrency"])
+
+
+STEP_SCALE = {"closed": 1, "open": 1000, "trace": 1000}  # MLflow steps are integers: C, or 1000 x rate / scale
+
+
+def level_step(level: float, load: str = "closed") -> int:
+    """The MLflow step of a level: C itself, or 1000 x the open level's requests/s (trace: time scale)."""
+    return int(round(float(level) * STEP_SCALE[load]))
+
+
+def cell_step(cell: dict[str, Any]) -> int:
+    """The MLflow step of a summary's `cell` block (`level_step` of its level)."""
+    return level_step(cell_level(cell), cell.get("load", "closed"))
 
 
 def summary_body(
@@ -95,6 +132,9 @@ def judged(
             "re-measure it (snakemake --forcerun <its summary.json>)"
         )
     slos = {k: v for k, v in (slos or {}).items() if v is not None}
+    allowed = float((summary.get("workload") or {}).get("expected_prefix_share") or 0.0)
+    if allowed:  # a trace's own prefix reuse is expected; hits beyond it mean an earlier cell's cache
+        gates = {**gates, "max_prefix_cache_hit_rate": gates["max_prefix_cache_hit_rate"] + allowed}
     j = judge(summary, records, int(summary["concurrency"]), gates, slos, summary.get("server_max_running"))
     taken = summary.get("measurement") or {}
     validity = j["validity"]

@@ -23,7 +23,7 @@ from specsweep.io import atomic_write_json, read_json
 from specsweep.mlflow_view import view_tag, view_url
 from specsweep.run_notes import cell_note, crossover_note, sweep_note
 from specsweep.stack_facts import stack_facts
-from specsweep.summary import read_judged
+from specsweep.summary import cell_level, cell_step, level_step, read_judged
 
 TAG = "specsweep"
 NOTE = "mlflow.note.content"  # the run's description on its page
@@ -198,6 +198,11 @@ def headline_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
 
 
+def _level_text(cell: dict[str, Any]) -> str:
+    """A level as the params show it: C, or the open level's requests/s (trace: time scale)."""
+    return f"{cell_level(cell):g}"
+
+
 def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Params true for the whole sweep: a cell param only where every cell has the same value; the levels,
     the requests per level and the invalid levels as lists (prompt-set hashes per level: an artifact)."""
@@ -205,7 +210,7 @@ def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     shared = {
         k: v for k, v in per_cell[0].items() if k not in ("concurrency",) and all(p.get(k) == v for p in per_cell[1:])
     }
-    levels = [int(s["cell"]["concurrency"]) for s in summaries]
+    levels = [_level_text(s["cell"]) for s in summaries]
     shared["levels"] = ",".join(map(str, levels))
     shared["n_requests_by_level"] = ",".join(
         f"{c}:{(s.get('workload') or {}).get('n_requests')}" for c, s in zip(levels, summaries, strict=True)
@@ -220,7 +225,7 @@ def prompt_sets_by_level(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for s in summaries:
         w = s.get("workload") or {}
-        out[str(int(s["cell"]["concurrency"]))] = {
+        out[_level_text(s["cell"])] = {
             "prompt_source": w.get("prompt_source"),
             "prompt_set_sha256": w.get("prompt_set_sha256"),
             "prompt_count": w.get("prompt_count"),
@@ -313,10 +318,10 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     cell_runs: dict[int, str] = {}
     steps: list[tuple[int, dict[str, float]]] = []
     summaries: list[dict[str, Any]] = []
-    for path in sorted(summary_paths, key=lambda p: read_json(p)["cell"]["concurrency"]):
+    for path in sorted(summary_paths, key=lambda p: cell_level(read_json(p)["cell"])):
         summary = judged_cell(tracker, path)
         summaries.append(summary)
-        c = int(summary["cell"]["concurrency"])
+        c = cell_step(summary["cell"])
         cell_runs[c] = log_cell(tracker, path, summary)
         # the curves hold valid cells only; `cell_valid` (1/0 at every level) shows where the gaps are
         valid = bool(summary["validity"]["valid"])
@@ -328,7 +333,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     if sweep_id is None:
         first = summaries[0] if summaries else {}
         invalid = {
-            int(s["cell"]["concurrency"]): "; ".join(s["validity"].get("reasons") or [])
+            _level_text(s["cell"]): "; ".join(s["validity"].get("reasons") or [])
             for s in summaries
             if not s["validity"]["valid"]
         }
@@ -441,19 +446,25 @@ def _curves(data: dict[str, Any]) -> list[Any]:
 
     now = int(time.time() * 1000)
     out = []
+    load = data.get("load", "closed")
     for arm_name, result in (data.get("arms") or {}).items():
         for r in result.get("per_level") or []:
             for key in ("speedup", "speedup_lo", "speedup_hi"):
                 v = _number(r.get(key)) if r.get("used") else None
                 if v is not None:
-                    out.append(Metric(f"{arm_name}.{key}", v, now, int(r["concurrency"])))
+                    out.append(Metric(f"{arm_name}.{key}", v, now, level_step(r["concurrency"], load)))
     for proof in (data.get("policy_proof") or {}).values():
         for r in proof.get("per_level") or []:
             for key in ("ratio", "ratio_lo", "ratio_hi"):
                 v = _number(r.get(key))
                 if v is not None:
                     out.append(
-                        Metric(f"{proof['policy_arm']}.policy_over_best{key[5:]}", v, now, int(r["concurrency"]))
+                        Metric(
+                            f"{proof['policy_arm']}.policy_over_best{key[5:]}",
+                            v,
+                            now,
+                            level_step(r["concurrency"], load),
+                        )
                     )
     return out
 

@@ -27,7 +27,8 @@ from specsweep.analysis.bootstrap import (
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
 from specsweep.analysis.outputs import output_match
-from specsweep.config import defaults
+from specsweep.analysis.running import running_requests_view
+from specsweep.config import configured_levels, defaults, load_mode
 
 __all__ = [
     "INTERVAL_NOTE_ONE_REPEAT",
@@ -90,7 +91,8 @@ class AnalysisSettings:
     slo: dict[str, float] | None = None  # seconds: ttft_s, tpot_s, e2e_s
     max_crossover_ratio: float = _DEFAULTS["max_crossover_ratio"]  # a wider crossover interval is inconclusive
     min_output_match: float = _DEFAULTS["min_output_match"]  # flag a speculative cell whose outputs differ more
-    levels: list[float] | None = None  # the configured levels (config `concurrency`): what should exist
+    levels: list[float] | None = None  # the configured levels (concurrency, rates or time scales): what should exist
+    load: str = "closed"  # closed, open or trace: the unit of the levels
     gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
     slo_ms: dict[str, float] = field(default_factory=dict)  # the config's `slo:` as given (ms), for judging cells
 
@@ -110,8 +112,10 @@ class AnalysisSettings:
         s.gates = {**defaults("gates"), **(config.get("gates") or {})}
         s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
         s.min_output_match = float(a.get("min_output_match", s.min_output_match))
-        if config.get("concurrency"):
-            s.levels = sorted(float(c) for c in config["concurrency"])
+        configured = configured_levels(config)
+        if configured:
+            s.levels = sorted(float(c) for c in configured)
+        s.load = load_mode(config)
         if s.primary_metric not in {m.name for m in METRICS}:
             raise ValueError(f"analysis.primary_metric must be one of {[m.name for m in METRICS]}")
         if s.policy_rule not in {"crossover_lower", "level_lower_bound"}:
@@ -639,12 +643,16 @@ def analyze_variant(
     """Every speculative arm of a variant against its baseline arm: the body of crossover.json."""
     cache: dict[str, CellBootstrap] = {}
     arms = {a: analyze_arm(cells, baseline_arm, a, settings, cache) for a in spec_arms}
+    if settings.load != "closed":  # the answer in the unit the policy acts on (analysis/running.py)
+        for a, ar in arms.items():
+            ar["running_requests"] = running_requests_view(ar, cells.get(baseline_arm, {}), cells.get(a, {}))
     sources = sorted({r["source"] for r in arms.values()})
     return {
         "schema_version": SCHEMA_VERSION,
         "experiment": experiment,
         "variant": variant,
         "engine": engine,
+        "load": settings.load,  # the levels' unit: closed (concurrency), open (requests/s), trace (time scale)
         "source": sources[0] if len(sources) == 1 else ("mixed" if sources else "unknown"),
         "baseline_arm": baseline_arm,
         "bootstrap": {

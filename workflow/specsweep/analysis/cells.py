@@ -36,7 +36,7 @@ __all__ = [
     "summary_windows",
 ]
 
-_LEVEL_DIR = re.compile(r"^c(\d+(?:\.\d+)?)$")
+_LEVEL_DIR = re.compile(r"^([crt])(\d+(?:\.\d+)?)$")  # c<C>, r<requests/s>, t<time scale>
 # Most blocks per repeat's steady window (the spread of a mean of K blocks is estimated with K-1 degrees of
 # freedom; 10 is where more blocks stop paying for shorter ones).
 N_BLOCKS = 10
@@ -405,13 +405,13 @@ def load_cell(
     summary, df = read_judged(cell_dir, dict(gates) if gates is not None else defaults("gates"), slos)
     meta = summary.get("cell", {})
     arm = arm or meta.get("arm") or cell_dir.parent.name
-    if concurrency is None:
-        concurrency = meta.get("concurrency")
+    if concurrency is None:  # the level: C, or an open/trace cell's rate or time scale
+        concurrency = meta.get("level", meta.get("concurrency"))
         if concurrency is None:
             m = _LEVEL_DIR.match(cell_dir.name)
             if not m:
-                raise ValueError(f"cannot tell the concurrency of {cell_dir}")
-            concurrency = float(m.group(1))
+                raise ValueError(f"cannot tell the level of {cell_dir}")
+            concurrency = float(m.group(2))
     cell = Cell(arm=str(arm), concurrency=float(concurrency), path=cell_dir, summary=summary)
     if df is None:
         cell.notes.extend(summary["validity"]["reasons"])
@@ -427,14 +427,15 @@ def load_cell(
 def find_cells(
     cells_root: str | Path, arms: list[str] | None = None, levels: list[float] | None = None
 ) -> dict[str, dict[float, Path]]:
-    """Cell directories under `<cells_root>/<arm>/c<C>/summary.json`, filtered to configured arms/levels."""
+    """Cell directories under `<cells_root>/<arm>/<level>/summary.json` (c<C>, r<rate>, t<scale>), filtered to
+    configured arms/levels."""
     root = Path(cells_root)
     out: dict[str, dict[float, Path]] = {}
-    for summary in sorted(root.glob("*/c*/summary.json")):
+    for summary in sorted(root.glob("*/*/summary.json")):
         m = _LEVEL_DIR.match(summary.parent.name)
         if not m:
             continue
-        arm, c = summary.parent.parent.name, float(m.group(1))
+        arm, c = summary.parent.parent.name, float(m.group(2))
         if arms is not None and arm not in arms:
             continue
         if levels is not None and c not in {float(x) for x in levels}:

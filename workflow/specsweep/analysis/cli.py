@@ -17,7 +17,7 @@ from specsweep.analysis.policy import dump_yaml, policy_document, schedule_entri
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.analysis.table import format_table, table_csv
-from specsweep.config import load_arg, server_args
+from specsweep.config import configured_levels, load_arg, server_args
 from specsweep.io import atomic_write_text, read_json
 
 __all__ = ["add_arguments", "analyze_cells", "main", "run", "run_crossover", "server_args"]
@@ -76,7 +76,7 @@ def _load_cells(
             cells.setdefault(cell.arm, {})[cell.concurrency] = cell
         return cells
     arms = list((config.get("arms") or {}).keys()) or None
-    for arm, by_level in find_cells(cells_root, arms, config.get("concurrency")).items():
+    for arm, by_level in find_cells(cells_root, arms, configured_levels(config)).items():
         for c, d in by_level.items():
             cells.setdefault(arm, {})[c] = load_cell(d, arm=arm, concurrency=c, **judge)
     return cells

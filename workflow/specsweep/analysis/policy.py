@@ -81,12 +81,17 @@ def choose_threshold(
             "verdict": "inconclusive",
         }
     levels = arm_result["levels"]
+    x = m.get("crossover")
+    running = arm_result.get("running_requests")
+    if running and metric == arm_result["primary_metric"]:  # open/trace sweep: N counts running requests
+        levels = [v if v is not None else math.nan for v in running["levels"]]
+        x = running["crossover"]
     cand: dict[str, int] = {}
     reasons: dict[str, str] = {}
     # level rule: contiguous from the bottom, lower bound >= 1
     n_level = 0
     for c, lo in zip(levels, m["speedup_lo"], strict=True):
-        if lo is None or lo < 1.0:
+        if lo is None or lo < 1.0 or not math.isfinite(c):
             break
         n_level = int(math.floor(c))
     cand["level_lower_bound"] = n_level
@@ -95,7 +100,6 @@ def choose_threshold(
         if n_level
         else "speedup lower bound < 1 (or no interval) already at the lowest level"
     )
-    x = m.get("crossover")
     if not x:
         cand["crossover_lower"], reasons["crossover_lower"] = 0, "no usable levels"
     else:
@@ -103,8 +107,8 @@ def choose_threshold(
         if state == "below_range":
             cand["crossover_lower"] = 0
             reasons["crossover_lower"] = "crossover interval reaches below the lowest level: not shown to pay off"
-        elif state == "above_range":
-            cand["crossover_lower"] = int(math.floor(x["max_level"]))
+        elif state == "above_range" or x.get("lo") is None:
+            cand["crossover_lower"] = int(math.floor(x["max_level"] or 0))
             reasons["crossover_lower"] = (
                 "speculation wins at every measured level (interval above the range); "
                 "N is the largest measured level, not extrapolated"

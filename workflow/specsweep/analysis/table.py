@@ -8,6 +8,7 @@ import io
 from typing import Any
 
 from specsweep.analysis.analyze import crossover_text, levels_text
+from specsweep.analysis.bootstrap import METRICS
 from specsweep.analysis.policy import choose_threshold
 
 __all__ = ["format_table", "table_csv", "table_rows"]
@@ -37,6 +38,28 @@ def _crossover_line(name: str, ar: dict[str, Any]) -> str:
     return (
         f"{name}: crossover ({m['orientation']} {ar['primary_metric']}) {crossover_text(x)}{mono}; "
         "crossings: " + "; ".join(parts) + _interpolation_text(x)
+    )
+
+
+LEVEL_LABEL = {"closed": "C", "open": "req/s", "trace": "scale"}  # the levels' unit, by load mode
+
+
+def _running_line(name: str, ar: dict[str, Any], load: str) -> str:
+    """An open or trace sweep's crossover in running requests (analysis/running.py), which the policy uses."""
+    x = (ar.get("running_requests") or {}).get("crossover")
+    unit = LEVEL_LABEL.get(load, load)
+    if not x:
+        return f"{name}: in running requests: no usable levels"
+    states = x["states"]
+    if states["estimate"] != "within":
+        where = "below" if states["estimate"] == "below_range" else "above"
+        return (
+            f"{name}: in running requests: no crossover inside the measured {_fmt(x['min_level'])}.."
+            f"{_fmt(x['max_level'])} running requests (it lies {where} the levels, in {unit})"
+        )
+    return (
+        f"{name}: crossover in running requests {_fmt(x['estimate'])} [{_fmt(x['lo'])}, {_fmt(x['hi'])}] "
+        f"(the {unit} crossover mapped through the arms' measured in-flight curves)"
     )
 
 
@@ -106,18 +129,25 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result.get('experiment')}/{result.get('variant')}: {name} vs {ar['baseline_arm']} "
             f"({result.get('source')}; metric {ar['primary_metric']})"
         )
+        unit = next(m.unit for m in METRICS if m.name == ar["primary_metric"])
+        running = {r["level"]: r for r in (ar.get("running_requests") or {}).get("per_level") or []}
+        extra = f" | {'running b / s':>13}" if running else ""
         lines.append(
-            f"{'C':>6} | {'baseline tok/s':>14} | {'spec tok/s':>10} | {f'speedup [{conf}% CI]':<24} | "
-            "same output | valid"
+            f"{LEVEL_LABEL.get(result.get('load', 'closed'), 'C'):>6} | {f'baseline {unit}':>14} | "
+            f"{f'spec {unit}':>10} | {f'speedup [{conf}% CI]':<24}{extra} | same output | valid"
         )
         for r in (r for r in table_rows(result) if r["arm"] == name):
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
             same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%"
+            rr = running.get(r["concurrency"])
+            shown = f" | {_fmt(rr['baseline'])} / {_fmt(rr['spec'])}".ljust(16) if rr else ""
             lines.append(
                 f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
-                f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24} | {same:>11} | {r['valid']}"
+                f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24}{shown} | {same:>11} | {r['valid']}"
             )
         lines.append(_crossover_line(name, ar))
+        if running:
+            lines.append(_running_line(name, ar, result.get("load", "open")))
         if ar.get("interval_note"):
             lines.append(f"{name}: note: {ar['interval_note']}")
         for note in (ar.get("verdict") or {}).get("notes") or []:

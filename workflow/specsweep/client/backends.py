@@ -39,6 +39,8 @@ class RequestRecord:
     input_tokens: int
     slot: int = -1  # the closed loop's client slot (worker) that sent it
     ramp: bool = False  # a slot's first, shortened request that staggers the slots (not a measured request)
+    scheduled_s: float = float("nan")  # open loop: the planned send time (NaN in a closed loop)
+    held_s: float = 0.0  # open loop: seconds the in-flight cap held the request back past its planned time
     send_s: float = float("nan")
     first_token_s: float = float("nan")
     end_s: float = float("nan")

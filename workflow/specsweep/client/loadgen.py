@@ -22,6 +22,7 @@ import aiohttp
 import pandas as pd
 import pyarrow as pa
 
+from specsweep.client.arrivals import ArrivalPlan
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.cpu import host_snapshot, usage_now
 from specsweep.client.fasthttp import FastPool
@@ -37,6 +38,8 @@ RECORD_SCHEMA = pa.schema(
         ("prompt_index", pa.int64()),
         ("slot", pa.int64()),
         ("ramp", pa.bool_()),
+        ("scheduled_s", pa.float64()),
+        ("held_s", pa.float64()),
         ("send_s", pa.float64()),
         ("first_token_s", pa.float64()),
         ("end_s", pa.float64()),
@@ -57,7 +60,7 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
-_TIME_COLUMNS = ("send_s", "first_token_s", "end_s")
+_TIME_COLUMNS = ("send_s", "first_token_s", "end_s", "scheduled_s")
 _TIME_LIST_COLUMNS = ("chunk_s", "server_chunk_s")
 
 ProgressFn = Callable[[RequestRecord], None]
@@ -215,6 +218,69 @@ async def run_closed_loop(
     return records
 
 
+OPEN_PREWARM = 64  # connections opened ahead of an open level (the pool opens more on demand)
+OPEN_LOOP_LEAD_S = 0.05  # the plan starts this long after the call: the first sends are not late by set-up
+
+
+async def run_open_loop(
+    session: FastPool | aiohttp.ClientSession,
+    spec: RequestSpec,
+    prompts: PromptSet,
+    output_tokens: int,
+    plan: ArrivalPlan,
+    max_in_flight: int,
+    *,
+    on_done: ProgressFn | None = None,
+) -> list[RequestRecord]:
+    """Send request i at the plan's time i whatever the server does, with at most `max_in_flight` in flight.
+
+    Why open loop: real traffic arrives at its own rate, and a slower server then holds more requests at once;
+    a closed loop fixes that number instead. Each record keeps its planned time (`scheduled_s`) and how long
+    the cap held it back (`held_s`), so lateness the client caused (send - planned - held) is told apart from
+    waiting the cap imposed (at a rate the server cannot keep up with, the level then becomes a closed loop
+    at the cap). Prompt i goes with planned time i; records are returned in send order.
+    """
+    n = len(plan)
+    if len(prompts) < n:
+        raise ValueError(f"{len(prompts)} prompts for {n} planned requests")
+    if max_in_flight < 1:
+        raise ValueError("max_in_flight must be >= 1")
+    free = asyncio.Semaphore(max_in_flight)
+    records: list[RequestRecord] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def send(rec: RequestRecord, prompt: str) -> None:
+        try:
+            await send_request(session, spec, prompt, rec)
+        finally:
+            free.release()
+        if on_done is not None:
+            on_done(rec)
+
+    start = monotonic() + OPEN_LOOP_LEAD_S
+    cap_wait_end = -math.inf  # when the loop last came out of a wait for a free slot
+    for i, at in enumerate(plan.times_s):
+        planned = start + at
+        wait = planned - monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if free.locked():  # every slot busy: the request waits for one to end
+            await free.acquire()
+            cap_wait_end = monotonic()
+        else:
+            await free.acquire()
+        # behind the cap: its own wait, or the loop still held up by an earlier request's after this one was due
+        held = monotonic() - planned if cap_wait_end > planned else 0.0
+        out = prompts.output_tokens[i] or output_tokens
+        rec = RequestRecord(i, i, out, prompts.input_tokens[i], slot=-1, ramp=False)
+        rec.scheduled_s = planned
+        rec.held_s = held
+        records.append(rec)
+        tasks.append(asyncio.create_task(send(rec, prompts.prompts[i])))
+    await asyncio.gather(*tasks)
+    return records
+
+
 async def probe_idle(seconds: float, interval_s: float) -> list[float]:
     """Loop-lag samples with nothing in flight: the host's own timer jitter, against which the measured
     repeat's lag is judged (a VM's jitter is no sign of a saturated client)."""
@@ -244,6 +310,9 @@ async def measure_level(
     lag_interval_s: float = 0.010,
     on_done: ProgressFn | None = None,
     session: aiohttp.ClientSession | None = None,
+    plans: list[ArrivalPlan] | None = None,
+    max_in_flight: int | None = None,
+    warmup_plan: ArrivalPlan | None = None,
 ) -> LevelResult:
     """Measure one concurrency level: the warm-up, then R repeats, each on its own prompt set.
 
@@ -253,17 +322,30 @@ async def measure_level(
     Around the closed loop: the client's CPU time, run-queue wait and chunk-stamp statistics, and (with
     `server_pid`) the CPU time of the server tree and of other processes on `watch_cpus` (the client's and the
     server's CPUs). After it, the counters again.
+
+    With `plans` (one ArrivalPlan per repeat) each repeat is an open loop (`run_open_loop`, at most
+    `max_in_flight` in flight) instead of the closed loop, and the warm-up replays `warmup_plan` (the
+    level's own rate) with the warm-up prompts.
     """
     if concurrency < 1 or n_requests < 1 or repeats < 1:
         raise ValueError("concurrency, n_requests and repeats must be >= 1")
     if len(prompts.repeats) < repeats:
         raise ValueError(f"{len(prompts.repeats)} prompt sets for {repeats} repeats")
+    if plans is not None and (len(plans) < repeats or max_in_flight is None):
+        raise ValueError(f"{len(plans)} arrival plans for {repeats} repeats, max_in_flight {max_in_flight}")
     own = session is None
     s = session or new_session(concurrency)  # auxiliary calls (reset, counters); aiohttp streams if so configured
     stream: FastPool | aiohttp.ClientSession = FastPool() if spec.transport == "fast" else s
     result = LevelResult(concurrency=concurrency, n_requests=n_requests, repeats=[], stagger=stagger)
     try:
         n_warm = min(warmup_count(warmup, concurrency), len(prompts.warmup))
+        if plans is not None and max_in_flight is not None:
+            n_warm = 0
+            if warmup_plan is not None and len(warmup_plan) and len(prompts.warmup) >= len(warmup_plan):
+                wrecs = await run_open_loop(
+                    stream, spec, prompts.warmup, min(output_tokens, WARMUP_TOKENS), warmup_plan, max_in_flight
+                )
+                result.warmup_errors = sum(1 for r in wrecs if not r.ok)
         if n_warm > 0:
             wrecs = await run_closed_loop(
                 stream, spec, prompts.warmup, min(output_tokens, WARMUP_TOKENS), min(concurrency, n_warm), n_warm
@@ -276,7 +358,7 @@ async def measure_level(
             idle = await probe_idle(idle_probe_s, lag_interval_s)
             before = await hooks.counters(s, spec.url) if hooks is not None else None
             if isinstance(stream, FastPool):
-                await stream.prewarm(spec.url, concurrency)
+                await stream.prewarm(spec.url, min(concurrency, OPEN_PREWARM) if plans is not None else concurrency)
                 stream.stats.reset()
             gc.collect()
             gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-level
@@ -284,17 +366,22 @@ async def measure_level(
             host0 = host_snapshot(watch_cpus, server_pid)
             cpu0 = usage_now()
             try:
-                recs = await run_closed_loop(
-                    stream,
-                    spec,
-                    prompts.repeats[rep],
-                    output_tokens,
-                    concurrency,
-                    n_requests,
-                    stagger=stagger,
-                    duration_s=duration_s,
-                    on_done=on_done,
-                )
+                if plans is not None and max_in_flight is not None:
+                    recs = await run_open_loop(
+                        stream, spec, prompts.repeats[rep], output_tokens, plans[rep], max_in_flight, on_done=on_done
+                    )
+                else:
+                    recs = await run_closed_loop(
+                        stream,
+                        spec,
+                        prompts.repeats[rep],
+                        output_tokens,
+                        concurrency,
+                        n_requests,
+                        stagger=stagger,
+                        duration_s=duration_s,
+                        on_done=on_done,
+                    )
             finally:
                 cpu = usage_now().since(cpu0)
                 host = host_snapshot(watch_cpus, server_pid).since(host0)

@@ -140,7 +140,11 @@ def cell_inputs(wildcards):
     if not ADAPTIVE["enabled"] and c not in LEVELS:
         raise ValueError(
             f"level {c} is not among the configured levels {LEVELS}; add it to "
-            + ("'concurrency' (or enable adaptive levels)" if mode == "closed" else f"the load's levels (load.mode {mode})")
+            + (
+                "'concurrency' (or enable adaptive levels)"
+                if mode == "closed"
+                else f"the load's levels (load.mode {mode})"
+            )
         )
     inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
     if LOAD_MODE == "trace":  # editing the trace reruns its cells

@@ -18,7 +18,7 @@ from tests.pipeline.conftest import EXP, mlflow_runs
 pytestmark = pytest.mark.pipeline
 
 COORDINATES = {"variant", "arm", "concurrency", "source"}
-SWEEP_LISTS = {"levels", "n_requests_by_level", "invalid_levels"}
+SWEEP_LISTS = {"levels", "n_requests_by_level", "invalid_levels", "step"}  # sweep-only params
 
 
 def _summaries(root: Path) -> dict[str, dict]:

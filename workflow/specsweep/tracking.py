@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specsweep.config import defaults, load_arg
+from specsweep.config import LEVEL_PREFIX, defaults, load_arg
 from specsweep.io import atomic_write_json, read_json
 from specsweep.mlflow_view import view_tag, view_url
 from specsweep.run_notes import cell_note, crossover_note, sweep_note
@@ -147,8 +147,11 @@ class Tracker:
         self.client.set_terminated(run_id, status=status, end_time=end_time_ms)
 
 
-def cell_run_name(variant: str, arm: str, concurrency: int) -> str:
-    """`sim/eagle3/c0010`: zero-padded so MLflow's name sort orders cells by variant, arm and concurrency."""
+def cell_run_name(variant: str, arm: str, concurrency: int, load: str = "closed", level: float | None = None) -> str:
+    """`sim/eagle3/c0010`: zero-padded so MLflow's name sort orders cells by variant, arm and concurrency; an
+    open or trace cell by its step (`r002500` is 2.5 requests/s)."""
+    if load != "closed" and level is not None:
+        return f"{variant}/{arm}/{LEVEL_PREFIX[load]}{level_step(level, load):06d}"
     return f"{variant}/{arm}/c{int(concurrency):04d}"
 
 
@@ -217,6 +220,8 @@ def sweep_params(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     )
     bad = [c for c, s in zip(levels, summaries, strict=True) if not s["validity"]["valid"]]
     shared["invalid_levels"] = ",".join(map(str, bad)) or "none"
+    load = summaries[0]["cell"].get("load", "closed") if summaries else "closed"
+    shared["step"] = {"closed": "concurrency C", "open": "1000 x requests/s", "trace": "1000 x time scale"}[load]
     return shared
 
 
@@ -289,7 +294,9 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
         NOTE: cell_note(summary),
     }
     start_ms, end_ms = measured_span([summary])
-    name = cell_run_name(cell["variant"], cell["arm"], cell["concurrency"])
+    name = cell_run_name(
+        cell["variant"], cell["arm"], cell["concurrency"], cell.get("load", "closed"), cell.get("level")
+    )
     run_id = tracker.new_run(name, tags, cell_params(summary), cell_metrics(summary), start_time_ms=start_ms)
     dataset = prompt_dataset(summary)
     if dataset is not None:

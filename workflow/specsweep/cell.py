@@ -18,9 +18,17 @@ from typing import Any
 from specsweep import servers
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
+from specsweep.client.datasets import Dataset, DatasetError
 from specsweep.client.loadgen import measure_level, new_session, warmup_count
-from specsweep.client.prompts import LevelPrompts, level_prompts
-from specsweep.config import defaults, variant_for_server
+from specsweep.client.prompts import (
+    ChatRender,
+    ChatTemplateUnavailable,
+    LevelPrompts,
+    hf_chat_template,
+    level_prompts,
+    templated,
+)
+from specsweep.config import defaults, read_dataset, variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
@@ -53,20 +61,54 @@ def check_model(variant: dict[str, Any]) -> None:
 
 
 def fixed_output_tokens(output: Any) -> int:
-    """The level's nominal output length: the fixed value, or the top of a uniform range (per-request lengths
-    are then drawn into the prompt sets, so this is only a fallback)."""
-    return int(output) if isinstance(output, int) else int(max(output["uniform"]))
+    """The level's nominal output length: the fixed value, or the top of a uniform or reference range
+    (per-request lengths are then in the prompt sets, so this is only a fallback, and the warm-up's cap)."""
+    if isinstance(output, int):
+        return output
+    return int(max(output["uniform"])) if "uniform" in output else int(output["reference"]["max"])
+
+
+def read_workload_dataset(workload: dict[str, Any]) -> Dataset | None:
+    """The workload's dataset, checked again before any server is asked for (the cell can run standalone)."""
+    try:
+        return read_dataset(workload)
+    except DatasetError as e:
+        raise CellError(str(e)) from None
+
+
+def client_variant(variant: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """The variant with the client backend its cells use: chat requests to the simulated engine go to its
+    OpenAI chat endpoint (which applies its template) unless the variant names a backend; the sim's native
+    /generate would need a client-side chat template, and the sim has no model to take one from."""
+    if variant["engine"] == "sim" and workload["endpoint"] == "chat" and not variant.get("client_backend"):
+        return {**variant, "client_backend": "openai"}
+    return variant
+
+
+def chat_render(workload: dict[str, Any], backend: str, tokenizer_path: str | None) -> ChatRender | None:
+    """The model's chat template where chat requests go to SGLang's /generate (which applies none), loaded
+    before any server starts: a missing template fails the cell at once (`hf_chat_template`)."""
+    if workload["endpoint"] != "chat" or backend == "openai":
+        return None
+    try:
+        return hf_chat_template(tokenizer_path)
+    except ChatTemplateUnavailable as e:
+        raise CellError(str(e)) from None
 
 
 async def build_prompts(
-    spec: dict[str, Any], url: str, headers: dict[str, str] | None, tokenizer_path: str | None
+    spec: dict[str, Any],
+    url: str,
+    headers: dict[str, str] | None,
+    tokenizer_path: str | None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
 ) -> LevelPrompts:
-    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level."""
+    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level,
+    with their chat-templated text where `render` is given."""
     workload = spec["workload"]
-    if workload.get("prompts_file") and not Path(workload["prompts_file"]).is_file():
-        raise CellError(f"workload.prompts_file {workload['prompts_file']} does not exist; fix the path or set null")
     ramp = spec["concurrency"] if workload["stagger"] else 0
-    return await level_prompts(
+    level = await level_prompts(
         spec["concurrency"],
         spec["n_requests"] + ramp,
         spec["repeats"],
@@ -74,11 +116,12 @@ async def build_prompts(
         workload["input_tokens"],
         workload["seed"],
         workload["output_tokens"],
-        workload.get("prompts_file"),
+        dataset,
         url=url,
         tokenizer_path=tokenizer_path,
         headers=headers,
     )
+    return templated(level, render) if render is not None else level
 
 
 async def measure(
@@ -90,6 +133,8 @@ async def measure(
     tokenizer_path: str | None,
     plan: CpuPlan,
     server_pid: int | None = None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
     workload = spec["workload"]
@@ -97,14 +142,14 @@ async def measure(
     req = RequestSpec(
         url=url,
         backend=server.client_backend,
-        endpoint=workload.get("endpoint", "completions"),
+        endpoint=workload["endpoint"],
         model=spec["variant"].get("model") if server.engine != "sim" else None,
         temperature=workload["temperature"],
         request_timeout_s=workload["request_timeout_s"],
         api_key=api_key,
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    prompts = await build_prompts(spec, url, headers, tokenizer_path)
+    prompts = await build_prompts(spec, url, headers, tokenizer_path, dataset, render)
     started = time.monotonic()
     async with new_session(concurrency) as session:
         info = await engine.server_info(session, url)
@@ -169,7 +214,8 @@ def run_cell(
         plan = plan_cpus(spec["client"]["cpus"], variant.get("cpus", "auto"))
     except ValueError as e:
         raise CellError(f"{e}; fix client.cpus or variants.{spec['variant_name']}.cpus") from None
-    variant = {**variant, "cpus": plan.server}
+    variant = client_variant({**variant, "cpus": plan.server}, spec["workload"])
+    dataset = read_workload_dataset(spec["workload"])
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
     if arm.get("schedule_file"):  # an engine config file the schedule job wrote (SGLang adaptive speculation)
@@ -186,6 +232,7 @@ def run_cell(
         return engine.server_spec(variant, arm_name, arm, host, port, python)
 
     tokenizer_path = variant.get("model") if variant["engine"] != "sim" else None
+    render = chat_render(spec["workload"], make_spec(0).client_backend, tokenizer_path)
     log_path = server_log_dir / f"{spec['variant_name']}.{arm_name}.log"
     t_ask = time.monotonic()
     with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
@@ -193,7 +240,9 @@ def run_cell(
         server = make_spec(rec.port)
         with pinned(plan.client):
             records, summary = asyncio.run(
-                measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
+                measure(
+                    spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid, dataset, render
+                )
             )
     summary.update(
         {

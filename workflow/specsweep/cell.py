@@ -181,7 +181,7 @@ async def measure(
     )
     summary["workload"].update(
         {
-            "input_tokens": workload["input_tokens"],
+            "input_tokens": workload["input_tokens"] if dataset is None else None,  # the synthetic prompts' length
             "seed": workload["seed"],
             "warmup_requests": workload["warmup_requests"],
             "duration_s": workload["requests"].get("duration_s"),

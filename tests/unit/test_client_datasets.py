@@ -17,6 +17,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from specsweep.cell import CellError, chat_render, client_variant, run_cell
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.datasets import Dataset, DatasetError, load_dataset
 from specsweep.client.fasthttp import FastPool
@@ -29,7 +30,7 @@ from specsweep.client.prompts import (
     reference_lengths,
     templated,
 )
-from specsweep.config import ConfigError, validate
+from specsweep.config import ConfigError, cell_spec, validate
 from specsweep.engines.sim import SimEngine
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
@@ -334,3 +335,25 @@ def test_chat_level_on_the_sim_gets_accept_length_from_counters(tmp_path: Path) 
     w = summary["workload"]
     assert w["endpoint"] == "chat" and w["input_tokens_counted_by"] == "server" and w["dataset"] == "chat"
     assert summary["metrics"]["accept_length"] is not None and summary["metrics"]["accept_length"] > 1
+
+
+def test_the_cell_checks_the_dataset_and_the_template_before_any_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "mt.jsonl", [{"question_id": i, "turns": [f"q{i} x"]} for i in range(4)])
+    config = validate(tiny_config({"dataset": {"path": "mt.jsonl", "format": "mtbench"}}))
+    spec = cell_spec(config, "sim", "baseline", 1)
+    (tmp_path / "mt.jsonl").write_text('{"question_id": 1}\n')  # broken after validation: a standalone cell
+    (tmp_path / "env.json").write_text("{}")
+    with pytest.raises(CellError, match=r"mt\.jsonl:1: missing field 'turns'"):
+        run_cell(spec, tmp_path / "env.json", tmp_path / "out", tmp_path / "state", tmp_path / "logs")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "logs").exists()  # no server was asked for
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(CellError, match="client_backend: openai"):
+        chat_render({"endpoint": "chat"}, "sglang", "/models/m")
+    assert chat_render({"endpoint": "chat"}, "openai", None) is None
+    sim = {"engine": "sim"}
+    assert client_variant(sim, {"endpoint": "chat"})["client_backend"] == "openai"
+    assert client_variant({**sim, "client_backend": "sglang"}, {"endpoint": "chat"})["client_backend"] == "sglang"
+    assert "client_backend" not in client_variant(sim, {"endpoint": "completions"})

@@ -174,7 +174,7 @@ def read_dataset(workload: dict[str, Any]) -> Dataset | None:
         first = next(e for e in dataset.entries if not e.single_turn)
         raise DatasetError(
             f"{first.where}: a conversation of {len(first.messages)} messages, which only a chat template turns into "
-            "the model's input; set workload.endpoint: chat"
+            "the model's input; set workload.endpoint: chat (specsweep bench: --endpoint chat)"
         )
     return dataset
 

@@ -383,3 +383,9 @@ def test_bench_takes_the_same_datasets(tmp_path: Path, capsys: pytest.CaptureFix
     args = parser.parse_args(["--url", "http://127.0.0.1:9", *common])  # conversations on completions
     assert asyncio.run(bench._bench(args)) == 2
     assert "set workload.endpoint: chat" in capsys.readouterr().err
+
+
+def test_warm_up_keeps_its_short_lengths_over_the_files(tmp_path: Path) -> None:
+    f = write(tmp_path / "p.jsonl", [{"prompt": f"p{i} x", "output_tokens": 500} for i in range(12)])
+    lv = level(load_dataset(f, "prompts-jsonl"), 2, 4, 1, 4)
+    assert lv.warmup.output_tokens == [None] * 4 and lv.repeats[0].output_tokens == [500] * 4

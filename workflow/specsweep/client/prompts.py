@@ -396,7 +396,8 @@ async def _file_level_prompts(
     sets = [
         await take(n_warmup + r * n_per_repeat, n_per_repeat, cell_tag(concurrency, r), output) for r in range(repeats)
     ]
-    warm = await take(0, n_warmup, warmup_tag(concurrency), None)  # warm-up lengths are the caller's (short)
+    warm = await take(0, n_warmup, warmup_tag(concurrency), None)
+    warm = replace(warm, output_tokens=[None] * len(warm))  # warm-up lengths are the caller's (short), not the file's
     return LevelPrompts(warm, sets, unique=need <= n)
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec
+from specsweep.client.datasets import DatasetError, load_dataset
 from specsweep.client.loadgen import RECORD_COLUMNS, measure_level, ramp_length
 from specsweep.client.prompts import (
     level_prompts,
-    load_prompts_file,
     make_prompts,
     make_prompts_auto,
     prompt_set_hash,
@@ -167,13 +167,18 @@ def test_prompts_seeded_exact_and_hashed() -> None:
 def test_prompts_file(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "one two three", "output_tokens": 5}\n\n{"prompt": "four"}\n')
-    ps = load_prompts_file(f, 3)
-    assert ps.prompts == ["one two three", "four", "one two three"]
-    assert ps.output_tokens == [5, None, 5]
+
+    async def go():  # type: ignore[no-untyped-def]
+        return await level_prompts(1, 3, 1, 0, 3, dataset=load_dataset(f, "prompts-jsonl"))
+
+    level = asyncio.run(go())
+    ps = level.repeats[0]
+    assert len(ps) == 3 and set(ps.prompts) == {"four", "one two three"} and not level.unique  # cycled: short file
+    assert {p: o for p, o in zip(ps.prompts, ps.output_tokens, strict=True)} == {"one two three": 5, "four": None}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
-        load_prompts_file(bad)
+    with pytest.raises(DatasetError, match="bad.jsonl:1: missing field 'prompt'"):
+        load_dataset(bad, "prompts-jsonl")
 
 
 def test_per_prompt_output_tokens_are_used(tmp_path: Path) -> None:
@@ -181,7 +186,7 @@ def test_per_prompt_output_tokens_are_used(tmp_path: Path) -> None:
     f.write_text('{"prompt": "a b c", "output_tokens": 5}\n{"prompt": "d e f"}\n')
 
     async def go():  # type: ignore[no-untyped-def]
-        prompts = await level_prompts(1, 2, 1, 0, 3, prompts_file=f)
+        prompts = await level_prompts(1, 2, 1, 0, 3, dataset=load_dataset(f, "prompts-jsonl"))
         async with fake_server() as url:
             return await measure_level(RequestSpec(url=url), 1, 2, prompts, 7, stagger=False, idle_probe_s=0)
 

@@ -153,6 +153,8 @@ def cell_inputs(wildcards):
         policy_entry(variant, wildcards.arm)
     if config["variants"][variant].get("model_builder"):
         inputs["model"] = expand(rules.model.output[0], variant=variant)[0]
+    if config["workload"]["dataset"]:  # an edited workload file re-measures the cells that send it
+        inputs["dataset"] = config["workload"]["dataset"]["path"]
     return inputs
 
 

@@ -28,9 +28,20 @@ from specsweep.client.arrivals import (
 )
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
+from specsweep.client.datasets import Dataset, DatasetError
 from specsweep.client.loadgen import measure_level, new_session, warmup_count
-from specsweep.client.prompts import LevelPrompts, cell_tag, level_prompts, set_seed, warmup_tag
-from specsweep.config import defaults, variant_for_server
+from specsweep.client.prompts import (
+    ChatRender,
+    ChatTemplateUnavailable,
+    LevelPrompts,
+    cell_tag,
+    hf_chat_template,
+    level_prompts,
+    set_seed,
+    templated,
+    warmup_tag,
+)
+from specsweep.config import defaults, read_dataset, variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
@@ -63,9 +74,39 @@ def check_model(variant: dict[str, Any]) -> None:
 
 
 def fixed_output_tokens(output: Any) -> int:
-    """The level's nominal output length: the fixed value, or the top of a uniform range (per-request lengths
-    are then drawn into the prompt sets, so this is only a fallback)."""
-    return int(output) if isinstance(output, int) else int(max(output["uniform"]))
+    """The level's nominal output length: the fixed value, or the top of a uniform or reference range
+    (per-request lengths are then in the prompt sets, so this is only a fallback, and the warm-up's cap)."""
+    if isinstance(output, int):
+        return output
+    return int(max(output["uniform"])) if "uniform" in output else int(output["reference"]["max"])
+
+
+def read_workload_dataset(workload: dict[str, Any]) -> Dataset | None:
+    """The workload's dataset, checked again before any server is asked for (the cell can run standalone)."""
+    try:
+        return read_dataset(workload)
+    except DatasetError as e:
+        raise CellError(str(e)) from None
+
+
+def client_variant(variant: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+    """The variant with the client backend its cells use: chat requests to the simulated engine go to its
+    OpenAI chat endpoint (which applies its template) unless the variant names a backend; the sim's native
+    /generate would need a client-side chat template, and the sim has no model to take one from."""
+    if variant["engine"] == "sim" and workload["endpoint"] == "chat" and not variant.get("client_backend"):
+        return {**variant, "client_backend": "openai"}
+    return variant
+
+
+def chat_render(workload: dict[str, Any], backend: str, tokenizer_path: str | None) -> ChatRender | None:
+    """The model's chat template where chat requests go to SGLang's /generate (which applies none), loaded
+    before any server starts: a missing template fails the cell at once (`hf_chat_template`)."""
+    if workload["endpoint"] != "chat" or backend == "openai":
+        return None
+    try:
+        return hf_chat_template(tokenizer_path)
+    except ChatTemplateUnavailable as e:
+        raise CellError(str(e)) from None
 
 
 async def build_prompts(
@@ -73,18 +114,19 @@ async def build_prompts(
     url: str,
     headers: dict[str, str] | None,
     tokenizer_path: str | None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
     n_warmup: int | None = None,
     ramp: int | None = None,
 ) -> LevelPrompts:
-    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level."""
+    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level,
+    with their chat-templated text where `render` is given."""
     workload = spec["workload"]
-    if workload.get("prompts_file") and not Path(workload["prompts_file"]).is_file():
-        raise CellError(f"workload.prompts_file {workload['prompts_file']} does not exist; fix the path or set null")
     if ramp is None:
         ramp = spec["concurrency"] if workload["stagger"] else 0
     if n_warmup is None:
         n_warmup = warmup_count(workload["warmup_requests"], spec["concurrency"])
-    return await level_prompts(
+    level = await level_prompts(
         spec["concurrency"],
         spec["n_requests"] + ramp,
         spec["repeats"],
@@ -92,11 +134,12 @@ async def build_prompts(
         workload["input_tokens"],
         workload["seed"],
         workload["output_tokens"],
-        workload.get("prompts_file"),
+        dataset,
         url=url,
         tokenizer_path=tokenizer_path,
         headers=headers,
     )
+    return templated(level, render) if render is not None else level
 
 
 OPEN_WARMUP_S = 2.0  # an open level's warm-up: this many seconds of its arrivals (at least warmup_requests)
@@ -138,6 +181,8 @@ async def open_prompts(
     url: str,
     headers: dict[str, str] | None,
     tokenizer_path: str | None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
 ) -> LevelPrompts:
     """The prompts an open or trace level sends: a trace's are built from its lengths and prefix blocks;
     an open level's are the workload's, one per planned request (the same sets in every arm)."""
@@ -145,12 +190,15 @@ async def open_prompts(
     if spec["load"]["mode"] == "trace":
         block = int(spec["load"]["trace"]["block_tokens"])
         sets = [trace_prompts(p, seed, cell_tag(level, r), block) for r, p in enumerate(plans)]
-        return LevelPrompts(trace_prompts(warm, seed, warmup_tag(level), block), sets, unique=True)
+        traced = LevelPrompts(trace_prompts(warm, seed, warmup_tag(level), block), sets, unique=True)
+        return templated(traced, render) if render is not None else traced
     return await build_prompts(
         {**spec, "concurrency": level, "n_requests": len(plans[0])},
         url,
         headers,
         tokenizer_path,
+        dataset,
+        render,
         n_warmup=len(warm),
         ramp=0,
     )
@@ -165,6 +213,8 @@ async def measure(
     tokenizer_path: str | None,
     plan: CpuPlan,
     server_pid: int | None = None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
     workload = spec["workload"]
@@ -172,7 +222,7 @@ async def measure(
     req = RequestSpec(
         url=url,
         backend=server.client_backend,
-        endpoint=workload.get("endpoint", "completions"),
+        endpoint=workload["endpoint"],
         model=spec["variant"].get("model") if server.engine != "sim" else None,
         temperature=workload["temperature"],
         request_timeout_s=workload["request_timeout_s"],
@@ -185,9 +235,9 @@ async def measure(
     if open_loop:
         plans, warm_plan = arrival_plans(spec)
         n_requests = len(plans[0])
-        prompts = await open_prompts(spec, plans, warm_plan, url, headers, tokenizer_path)
+        prompts = await open_prompts(spec, plans, warm_plan, url, headers, tokenizer_path, dataset, render)
     else:
-        prompts = await build_prompts(spec, url, headers, tokenizer_path)
+        prompts = await build_prompts(spec, url, headers, tokenizer_path, dataset, render)
     started = time.monotonic()
     async with new_session(concurrency) as session:
         info = await engine.server_info(session, url)
@@ -222,7 +272,7 @@ async def measure(
     )
     summary["workload"].update(
         {
-            "input_tokens": workload["input_tokens"],
+            "input_tokens": workload["input_tokens"] if dataset is None else None,  # the synthetic prompts' length
             "seed": workload["seed"],
             "warmup_requests": workload["warmup_requests"],
             "duration_s": workload["requests"].get("duration_s"),
@@ -266,7 +316,8 @@ def run_cell(
         plan = plan_cpus(spec["client"]["cpus"], variant.get("cpus", "auto"))
     except ValueError as e:
         raise CellError(f"{e}; fix client.cpus or variants.{spec['variant_name']}.cpus") from None
-    variant = {**variant, "cpus": plan.server}
+    variant = client_variant({**variant, "cpus": plan.server}, spec["workload"])
+    dataset = read_workload_dataset(spec["workload"])
     engine = get_engine(variant["engine"], variant.get("api_key_env"))
     arm_name, arm = spec["arm_name"], spec["arm"]
     if arm.get("schedule_file"):  # an engine config file the schedule job wrote (SGLang adaptive speculation)
@@ -283,6 +334,7 @@ def run_cell(
         return engine.server_spec(variant, arm_name, arm, host, port, python)
 
     tokenizer_path = variant.get("model") if variant["engine"] != "sim" else None
+    render = chat_render(spec["workload"], make_spec(0).client_backend, tokenizer_path)
     log_path = server_log_dir / f"{spec['variant_name']}.{arm_name}.log"
     t_ask = time.monotonic()
     with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
@@ -290,7 +342,9 @@ def run_cell(
         server = make_spec(rec.port)
         with pinned(plan.client):
             records, summary = asyncio.run(
-                measure(spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid)
+                measure(
+                    spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid, dataset, render
+                )
             )
     summary.update(
         {

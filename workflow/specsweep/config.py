@@ -7,9 +7,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from specsweep.client.datasets import Dataset
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_PATH = PACKAGE_DIR.parent / "schemas" / "config.schema.yaml"
@@ -62,7 +65,7 @@ def _looks_numeric(text: str) -> bool:
 
 def _describe(error: Any) -> str:
     where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-    msg = error.message
+    msg = "this key was removed" if error.validator == "not" else error.message  # `not: {}`: a retired key
     schema = error.schema if isinstance(error.schema, dict) else {}
     hint = ""
     if error.validator == "additionalProperties" and "properties" in schema:
@@ -132,6 +135,7 @@ def _check_semantics(config: dict[str, Any]) -> None:
             f" (it needs at least 2 x C = {2 * top}); raise max to {2 * top} or more, or drop the level"
         )
     _check_load(config)
+    _check_dataset(config["workload"])
     for name, variant in config["variants"].items():
         for arm in variant.get("arm_server_args", {}):
             if arm not in arms:
@@ -181,6 +185,44 @@ def _check_load(config: dict[str, Any]) -> None:
             load_mooncake_trace(path)
         except TraceError as e:
             raise ConfigError(f"config error at 'load/trace/path': {e}") from None
+
+
+def read_dataset(workload: dict[str, Any]) -> Dataset | None:
+    """The workload's dataset, read and checked against the workload (None: the synthetic words); raises
+    DatasetError. Run at validation (before any job) and again by the cell (which can run standalone)."""
+    ds, output = workload.get("dataset"), workload["output_tokens"]
+    by_reference = isinstance(output, dict) and "reference" in output
+    if ds is None and not by_reference:
+        return None  # and the client package (pandas, pyarrow) stays unimported while Snakemake parses
+    from specsweep.client.datasets import DatasetError, check_reference_lengths, load_dataset
+
+    if ds is None:
+        if by_reference:
+            raise DatasetError(
+                "workload.output_tokens is {reference: ...} and there is no dataset to take reference answers from;"
+                " set workload.dataset or give output_tokens a number or {uniform: [lo, hi]}"
+            )
+        return None
+    dataset = load_dataset(ds["path"], ds["format"], ds.get("name"), ds.get("chat"))
+    if by_reference:
+        if output["reference"]["min"] > output["reference"]["max"]:
+            raise DatasetError("workload.output_tokens.reference: min is above max; swap them")
+        check_reference_lengths(dataset)
+    if dataset.conversational and workload["endpoint"] != "chat":
+        first = next(e for e in dataset.entries if not e.single_turn)
+        raise DatasetError(
+            f"{first.where}: a conversation of {len(first.messages)} messages, which only a chat template turns into "
+            "the model's input; set workload.endpoint: chat (specsweep bench: --endpoint chat)"
+        )
+    return dataset
+
+
+def _check_dataset(workload: dict[str, Any]) -> None:
+    """A bad workload file stops the run here, before any server starts."""
+    try:
+        read_dataset(workload)
+    except ValueError as e:  # DatasetError
+        raise ConfigError(f"config error at 'workload/dataset': {e}") from None
 
 
 def _expand_arms(config: dict[str, Any]) -> None:

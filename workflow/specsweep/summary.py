@@ -181,9 +181,14 @@ def level_summary(
         "request_timeout_s": spec.request_timeout_s,
         "repeats": len(level.repeats),
         **prompts.describe(),
+        # a record's input_tokens: the server's count where it reports one (always for chat: its template's)
+        "input_tokens_counted_by": "server" if spec.endpoint == "chat" else "server where reported, else the client",
     }
+    records = level.records
+    ok = records[records["ok"]] if len(records) else records
+    workload["input_tokens_recorded_mean"] = float(ok["input_tokens"].mean()) if len(ok) else None
     s = summary_body(
-        level.records,
+        records,
         level.concurrency,
         meta,
         server_max_running,
@@ -197,7 +202,7 @@ def level_summary(
     if level.warmup_errors:
         s["measurement"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
     if not prompts.unique:
-        s["measurement"]["flags"].append("the prompts file is shorter than the level needs: prompts repeat")
+        s["measurement"]["flags"].append("the dataset is shorter than the level needs: prompts repeat")
     return jsonable(s)
 
 

@@ -250,12 +250,16 @@ def prompt_dataset(summary: dict[str, Any]) -> Any:
     if not sha:
         return None
     source = str(w.get("prompt_source") or "prompts")
-    name = f"{source}-{w.get('input_tokens_mean', w.get('input_tokens'))}in-{w.get('output_tokens')}out"
+    label = w.get("dataset") or source  # a workload file by its name, else the synthetic words
+    name = f"{label}-{w.get('input_tokens_mean', w.get('input_tokens'))}in-{w.get('output_tokens')}out"
+    facts = {"prompt_source": source, "seed": w.get("prompt_seed"), "sha256": sha}
+    if w.get("dataset_sha256"):
+        facts["dataset_sha256"] = w["dataset_sha256"]
     ds = Dataset(
         name=name,
         digest=str(sha)[:20],
         source_type="specsweep",
-        source=json.dumps({"prompt_source": source, "seed": w.get("prompt_seed"), "sha256": sha}),
+        source=json.dumps(facts),
         schema=json.dumps({"count": w.get("prompt_count"), "tokens_exact": w.get("prompt_tokens_exact")}),
     )
     return DatasetInput(ds, tags=[InputTag("mlflow.data.context", "prompts")])

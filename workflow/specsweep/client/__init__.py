@@ -1,4 +1,4 @@
-"""Load generator: streaming backends, closed loop, loop-lag monitor, CPU accounting, prompts.
+"""Load generator: streaming backends, closed loop, loop-lag monitor, CPU accounting, prompts, datasets.
 
 The `specsweep bench` command lives in `specsweep.client.bench` (not imported here, so `python -m
 specsweep.client.bench` runs its module once); summaries are written by `specsweep.summary`.
@@ -7,17 +7,19 @@ specsweep.client.bench` runs its module once); summaries are written by `specswe
 from __future__ import annotations
 
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
+from specsweep.client.datasets import Dataset, DatasetError, load_dataset
 from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, records_frame, run_closed_loop
 from specsweep.client.prompts import (
     LevelPrompts,
     PromptSet,
     level_prompts,
-    load_prompts_file,
     make_prompts,
     make_prompts_auto,
 )
 
 __all__ = [
+    "Dataset",
+    "DatasetError",
     "LevelPrompts",
     "LevelResult",
     "PromptSet",
@@ -25,7 +27,7 @@ __all__ = [
     "RequestRecord",
     "RequestSpec",
     "level_prompts",
-    "load_prompts_file",
+    "load_dataset",
     "make_prompts",
     "make_prompts_auto",
     "measure_level",

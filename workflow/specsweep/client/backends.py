@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
@@ -98,7 +99,16 @@ class RequestSpec:
             return "/generate"
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
 
-    def payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    @property
+    def sends_messages(self) -> bool:
+        """Chat messages go on the wire (the engine applies the chat template); else text does."""
+        return self.backend == "openai" and self.endpoint == "chat"
+
+    def payload(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int) -> dict[str, Any]:
+        """The request body. `prompt` is text, or chat messages for a chat endpoint (text goes there as one
+        user message); /generate and completions take text only (a chat template applied beforehand)."""
+        if not isinstance(prompt, str) and not self.sends_messages:
+            raise ValueError(f"{self.path()} takes text, not chat messages; apply a chat template first")
         if self.backend == "sglang":
             return {
                 "text": prompt,
@@ -119,7 +129,7 @@ class RequestSpec:
         if self.model:
             body["model"] = self.model
         if self.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         else:
             body["prompt"] = prompt
         return body
@@ -136,7 +146,7 @@ class _StreamError(Exception):
 async def send_request(
     session: FastPool | aiohttp.ClientSession,
     spec: RequestSpec,
-    prompt: str,
+    prompt: str | Sequence[Mapping[str, str]],
     record: RequestRecord,
 ) -> RequestRecord:
     """Send one streaming request and fill `record`. Never raises for server/network faults; never hangs.

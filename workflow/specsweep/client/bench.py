@@ -19,9 +19,10 @@ from tqdm import tqdm
 from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
 from specsweep.client.cpu import pin_self, plan_cpus
+from specsweep.client.datasets import CHAT_MODES, FORMATS, Dataset, DatasetError
 from specsweep.client.loadgen import measure_level, warmup_count
-from specsweep.client.prompts import level_prompts
-from specsweep.config import defaults, request_count
+from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, level_prompts, templated
+from specsweep.config import defaults, read_dataset, request_count
 from specsweep.engines import ENGINES, get_engine
 from specsweep.redact import MissingAPIKey, api_key_from_env
 from specsweep.summary import judged, level_summary, write_cell
@@ -94,7 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--engine", choices=ENGINES, default=None, help="cache reset and counters (default: by backend)")
     p.add_argument("--backend", choices=BACKENDS, default="sglang", help="sglang: native /generate; openai: /v1")
-    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions", help="openai backend: which endpoint")
+    p.add_argument(
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="completions",
+        help="text or chat messages (with --backend sglang the chat template of --tokenizer's model is applied here)",
+    )
     p.add_argument("--model", default=None, help="openai 'model' field (default: omitted)")
     p.add_argument("--concurrency", type=_ints, default=[1, 2, 5], help="levels, comma-separated (default 1,2,5)")
     p.add_argument("--requests-per-concurrency", type=float, default=r["per_concurrency"], help="turnovers per slot")
@@ -108,8 +114,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=w["seed"])
     p.add_argument("--temperature", type=float, default=w["temperature"])
-    p.add_argument("--prompts-file", default=None, help='JSONL: {"prompt": "...", "output_tokens": N?} per line')
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (or its folder) when the server has no /tokenize")
+    p.add_argument(
+        "--dataset", "--prompts-file", dest="dataset", default=None, help="a workload file (default: synthetic words)"
+    )
+    p.add_argument("--dataset-format", choices=FORMATS, default="prompts-jsonl", help="the file's format")
+    p.add_argument("--dataset-chat", choices=CHAT_MODES, default=None, help="sharegpt: first_turn or history")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json (or its folder) when the server has no /tokenize; the model folder whose chat template "
+        "--backend sglang --endpoint chat applies",
+    )
     p.add_argument("--api-key-env", default=None, help="name of an environment variable holding the API key")
     p.add_argument("--request-timeout-s", type=float, default=w["request_timeout_s"])
     p.add_argument("--no-reset", action="store_true", help="do not reset the server's prefix cache per repeat")
@@ -129,10 +144,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
 
 
+def _dataset(args: argparse.Namespace) -> Dataset | None:
+    """The --dataset file, checked as the pipeline checks `workload.dataset` (config.read_dataset)."""
+    ds = {"path": args.dataset, "format": args.dataset_format, "chat": args.dataset_chat} if args.dataset else None
+    return read_dataset({"dataset": ds, "output_tokens": args.output_tokens, "endpoint": args.endpoint})
+
+
 async def _bench(args: argparse.Namespace) -> int:
     try:
         api_key = api_key_from_env(args.api_key_env)
-    except MissingAPIKey as e:
+        dataset = _dataset(args)
+        render = hf_chat_template(args.tokenizer) if args.endpoint == "chat" and args.backend == "sglang" else None
+    except (MissingAPIKey, DatasetError, ChatTemplateUnavailable) as e:
         print(e, file=sys.stderr)
         return 2
     spec = RequestSpec(
@@ -172,12 +195,14 @@ async def _bench(args: argparse.Namespace) -> int:
             args.input_tokens,
             args.seed,
             args.output_tokens,
-            args.prompts_file,
+            dataset,
             url=args.url,
             model=args.model,
             tokenizer_path=args.tokenizer,
             headers=spec.headers() if api_key else None,
         )
+        if render is not None:
+            prompts = templated(prompts, render)
         progress = Progress((n + c) * args.repeats, label=f"c={c}").start()
         try:
             level = await measure_level(

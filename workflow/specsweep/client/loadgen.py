@@ -197,7 +197,7 @@ async def run_closed_loop(
     async def send(pi: int, out: int, slot: int, ramp: bool) -> None:
         rec = RequestRecord(len(records), pi, out, prompts.input_tokens[pi], slot=slot, ramp=ramp)
         records.append(rec)
-        await send_request(session, spec, prompts.prompts[pi], rec)
+        await send_request(session, spec, prompts.request(pi, spec.sends_messages), rec)
         if deadline[0] == math.inf and duration_s is not None:
             deadline[0] = records[0].send_s + duration_s
         if on_done is not None:

@@ -5,6 +5,10 @@ Token length is made exact with the first tokenizer that can be had, in this ord
 2. the model's `tokenizer.json` through the optional `tokenizers` package;
 3. otherwise an approximation: one token per whitespace word (exact for the simulated engine, and close for
    real BPE tokenizers on the short common English words used here).
+
+A dataset (`workload.dataset`, read by `specsweep.client.datasets`) replaces the synthetic words: its entries are
+split into the same disjoint, paired sets (`_file_level_prompts`), and the same tokenizer chain measures its
+reference answers when `workload.output_tokens` is `{reference: {min, max}}`.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import json
 import random
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from specsweep.client.datasets import Dataset, Message
 
 # Short, common words: each is a single token in the usual BPE vocabularies when preceded by a space.
 WORDS: tuple[str, ...] = tuple(
@@ -39,7 +45,8 @@ WORDS: tuple[str, ...] = tuple(
 )
 
 Tokenizer = Callable[[str], Awaitable[int]]
-OutputSpec = int | dict[str, Any] | None  # workload.output_tokens: fixed, or {"uniform": [lo, hi]}
+OutputSpec = int | dict[str, Any] | None  # workload.output_tokens: fixed, {"uniform": [lo, hi]}, {"reference": ...}
+Messages = tuple[Message, ...]
 
 
 @dataclass
@@ -48,19 +55,33 @@ class PromptSet:
 
     prompts: list[str]
     input_tokens: list[int]  # token count per prompt (exact when `exact`, else the approximation)
-    output_tokens: list[int | None]  # per-prompt output length from a prompts file (None: use the level's)
-    source: str  # "synthetic" or the prompts file path
+    output_tokens: list[int | None]  # per-prompt output length from a dataset (None: use the level's)
+    source: str  # "synthetic" or the dataset's path
     tokenizer: str  # "server", "tokenizers", "words" (approximation) or "file"
     exact: bool
     seed: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # chat messages per prompt, for a dataset with conversations (None: each prompt is one user message)
+    messages: list[Messages] | None = None
+    # the text sent to SGLang's /generate where the chat template was applied client-side (`templated`)
+    templated: list[str] | None = None
+    dataset: dict[str, Any] | None = None  # the dataset's facts (Dataset.describe), None for synthetic prompts
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     @property
     def sha256(self) -> str:
-        return prompt_set_hash(self.prompts, self.output_tokens)
+        return prompt_set_hash(self.prompts, self.output_tokens, self.messages)
+
+    def request(self, i: int, chat: bool) -> str | Messages:
+        """What request i sends: text (templated where a chat template was applied here), or, to a chat
+        endpoint, the entry's messages (a plain prompt goes as one user message: `RequestSpec.payload`)."""
+        if self.templated is not None:
+            return self.templated[i]
+        if chat and self.messages is not None:
+            return self.messages[i]
+        return self.prompts[i]
 
     def describe(self) -> dict[str, Any]:
         """JSON-able facts for the summary's workload section."""
@@ -72,13 +93,19 @@ class PromptSet:
             "prompt_tokens_exact": self.exact,
             "prompt_seed": self.seed,
             "input_tokens_mean": (sum(self.input_tokens) / len(self.input_tokens)) if self.input_tokens else None,
+            **(self.dataset or {}),
+            "chat_template": "client" if self.templated is not None else None,
         }
 
 
-def prompt_set_hash(prompts: list[str], output_tokens: list[int | None] | None = None) -> str:
-    """sha256 over a canonical JSON of the prompts (and per-prompt output lengths when given)."""
+def prompt_set_hash(
+    prompts: list[str], output_tokens: list[int | None] | None = None, messages: list[Messages] | None = None
+) -> str:
+    """sha256 over a canonical JSON of the prompts (their chat messages where a dataset has conversations) and
+    per-prompt output lengths: what is asked, not how a backend's template renders it."""
     outs = output_tokens or [None] * len(prompts)
-    canon = json.dumps([[p, o] for p, o in zip(prompts, outs, strict=True)], ensure_ascii=False)
+    items: list[Any] = [list(map(dict, m)) for m in messages] if messages is not None else list(prompts)
+    canon = json.dumps([[p, o] for p, o in zip(items, outs, strict=True)], ensure_ascii=False)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
@@ -110,8 +137,8 @@ def synthetic_words(n_prompts: int, n_words: int, seed: int, tag: str = "p") -> 
 
 def output_lengths(n: int, spec: OutputSpec, seed: int) -> list[int | None]:
     """Per-request output lengths: None (the level's fixed length) or seeded draws from `{uniform: [lo, hi]}`."""
-    if isinstance(spec, int | None) or spec is None:
-        return [None] * n
+    if not isinstance(spec, dict) or "uniform" not in spec:
+        return [None] * n  # a fixed length (the level's), or reference lengths (`_file_level_prompts`)
     lo, hi = (int(x) for x in spec["uniform"])
     rng = random.Random(seed ^ 0x5EED)
     return [rng.randint(lo, hi) for _ in range(n)]
@@ -259,10 +286,13 @@ class LevelPrompts:
 
     def describe(self) -> dict[str, Any]:
         first = self.repeats[0].describe()
+        chats = self.repeats[0].messages is not None
         return {
             **first,
             "prompt_set_sha256": prompt_set_hash(
-                [p for s in self.repeats for p in s.prompts], [o for s in self.repeats for o in s.output_tokens]
+                [p for s in self.repeats for p in s.prompts],
+                [o for s in self.repeats for o in s.output_tokens],
+                [m for s in self.repeats for m in s.messages or ()] if chats else None,
             ),
             "prompt_count": sum(len(s) for s in self.repeats),
             "prompt_sets": [{"tag": s.meta.get("tag"), "sha256": s.sha256, "count": len(s)} for s in self.repeats],
@@ -279,17 +309,19 @@ async def level_prompts(
     input_tokens: int,
     seed: int = 0,
     output: OutputSpec = None,
-    prompts_file: str | Path | None = None,
+    dataset: Dataset | None = None,
     url: str | None = None,
     model: str | None = None,
     tokenizer_path: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> LevelPrompts:
-    """The warm-up set and the measured sets of one level (see LevelPrompts), fitted with one tokenizer."""
-    if prompts_file:
-        return _file_level_prompts(Path(prompts_file), concurrency, n_per_repeat, repeats, n_warmup, seed, output)
+    """The warm-up set and the measured sets of one level (see LevelPrompts), fitted with one tokenizer: the
+    synthetic words, or the entries of `dataset`."""
 
     async def build(tok: Tokenizer | None, name: str) -> LevelPrompts:
+        if dataset is not None:
+            return await _file_level_prompts(dataset, concurrency, n_per_repeat, repeats, n_warmup, seed, output, tok)
+
         async def one(n: int, tag: str, out: OutputSpec) -> PromptSet:
             return await make_prompts(n, input_tokens, set_seed(seed, tag), tok, name, tag, out)
 
@@ -297,57 +329,124 @@ async def level_prompts(
         sets = [await one(n_per_repeat, cell_tag(concurrency, r), output) for r in range(repeats)]
         return LevelPrompts(warm, sets, unique=True)
 
+    needs_tokenizer = dataset is None or (isinstance(output, dict) and "reference" in output)
+    if not needs_tokenizer:
+        return await build(None, "words")
     return await _with_tokenizer(build, url, model, tokenizer_path, headers)
 
 
-def _file_level_prompts(
-    path: Path, concurrency: int, n_per_repeat: int, repeats: int, n_warmup: int, seed: int, output: OutputSpec
+async def reference_lengths(references: list[str | None], bounds: dict[str, int], count: Tokenizer | None) -> list[int]:
+    """Reference answers' token lengths, clipped to [min, max]: the tokenizer's count less what it adds to an
+    empty text (a BOS token belongs to prompts, not answers), or the word count without a tokenizer."""
+    lo, hi = int(bounds["min"]), int(bounds["max"])
+    overhead = await count("") if count is not None else 0
+    out = []
+    for ref in references:
+        if ref is None:
+            raise ValueError("an entry without a reference answer reached reference lengths (config validation)")
+        n = (await count(ref)) - overhead if count is not None else len(ref.split())
+        out.append(min(hi, max(lo, n)))
+    return out
+
+
+async def _file_level_prompts(
+    dataset: Dataset,
+    concurrency: int,
+    n_per_repeat: int,
+    repeats: int,
+    n_warmup: int,
+    seed: int,
+    output: OutputSpec,
+    count: Tokenizer | None,
 ) -> LevelPrompts:
-    """A prompts file split into disjoint sets where it is long enough; cycled (and said so) where not."""
-    base = load_prompts_file(path)
-    n = len(base)
+    """A dataset split into disjoint sets where it is long enough; cycled (and said so) where not.
+
+    The warm-up set comes first, then one set per repeat, from a start that depends on (seed, C) only: every
+    arm and variant sends the same entries in the same cell. An entry's own output length wins; else
+    `{reference: ...}` measures its reference answer, `{uniform: ...}` draws by the set's seed, a number leaves
+    it to the level."""
+    entries = dataset.entries
+    n = len(entries)
     need = n_warmup + repeats * n_per_repeat
     start = set_seed(seed, f"c{concurrency}") % n  # levels start at different places in the file
+    chats = dataset.conversational
 
-    def take(offset: int, count: int, tag: str) -> PromptSet:
-        idx = [(start + offset + i) % n for i in range(count)]
-        outs = [base.output_tokens[i] for i in idx]
-        if all(o is None for o in outs):
-            outs = output_lengths(count, output, set_seed(seed, tag))
+    async def take(offset: int, count_: int, tag: str, spec: OutputSpec) -> PromptSet:
+        chosen = [entries[(start + offset + i) % n] for i in range(count_)]
+        if isinstance(spec, dict) and "reference" in spec:
+            pending = [e.reference for e in chosen if e.output_tokens is None]
+            measured = iter(await reference_lengths(pending, spec["reference"], count))
+            drawn: list[int | None] = [None if e.output_tokens is not None else next(measured) for e in chosen]
+        else:
+            drawn = output_lengths(count_, spec, set_seed(seed, tag))
+        outs = [e.output_tokens if e.output_tokens is not None else d for e, d in zip(chosen, drawn, strict=True)]
         return PromptSet(
-            [base.prompts[i] for i in idx],
-            [base.input_tokens[i] for i in idx],
+            [e.text for e in chosen],
+            [len(e.text.split()) for e in chosen],
             outs,
-            base.source,
+            dataset.path,
             "words",
             False,
             None,
             {"tag": tag},
+            [e.messages for e in chosen] if chats else None,
+            dataset=dataset.describe(),
         )
 
-    sets = [take(n_warmup + r * n_per_repeat, n_per_repeat, cell_tag(concurrency, r)) for r in range(repeats)]
-    return LevelPrompts(take(0, n_warmup, warmup_tag(concurrency)), sets, unique=need <= n)
+    sets = [
+        await take(n_warmup + r * n_per_repeat, n_per_repeat, cell_tag(concurrency, r), output) for r in range(repeats)
+    ]
+    warm = await take(0, n_warmup, warmup_tag(concurrency), None)
+    warm = replace(warm, output_tokens=[None] * len(warm))  # warm-up lengths are the caller's (short), not the file's
+    return LevelPrompts(warm, sets, unique=need <= n)
 
 
-def load_prompts_file(path: str | Path, n_prompts: int | None = None) -> PromptSet:
-    """JSONL prompts: `{"prompt": "...", "output_tokens": N?}` per line; cycled to `n_prompts` if shorter."""
-    prompts: list[str] = []
-    outs: list[int | None] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                prompts.append(str(obj["prompt"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'prompt': {e}") from None
-            o = obj.get("output_tokens")
-            outs.append(int(o) if o is not None else None)
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    if n_prompts is not None and n_prompts > len(prompts):
-        prompts = [prompts[i % len(prompts)] for i in range(n_prompts)]
-        outs = [outs[i % len(outs)] for i in range(n_prompts)]
-    counts = [len(p.split()) for p in prompts]
-    return PromptSet(prompts, counts, outs, str(path), "words", False, None)
+ChatRender = Callable[[Messages], str]
+
+
+class ChatTemplateUnavailable(RuntimeError):
+    """No chat template can be applied client-side; the message names the fix."""
+
+
+def hf_chat_template(model_path: str | None) -> ChatRender:
+    """The model's chat template, applied here for SGLang's native /generate (which applies none).
+
+    This is what SGLang's own `bench_serving --apply-chat-template` does for its `sglang` (/generate) backend
+    (python/sglang/bench_serving.py, `sample_sharegpt_requests`): `tokenizer.apply_chat_template(messages,
+    add_generation_prompt=True, tokenize=False)`, then the tokenizer's BOS text removed, because /generate
+    tokenizes the text and adds BOS itself. Here only a leading BOS is removed: a multi-turn template may carry
+    BOS inside, which the server keeps too. `transformers` is optional and the model must be local."""
+    fix = "set the variant's client_backend: openai (the engine applies the template), or install transformers"
+    try:
+        from transformers import AutoTokenizer  # optional dependency
+    except ImportError:
+        raise ChatTemplateUnavailable(f"chat requests to /generate need transformers; {fix}") from None
+    if not model_path:
+        raise ChatTemplateUnavailable(
+            f"chat requests to /generate need the model's tokenizer, and none is local; {fix}"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except Exception as e:  # any failure to load (missing files, unknown class) has the same fix
+        raise ChatTemplateUnavailable(
+            f"no tokenizer loads from {model_path} ({type(e).__name__}: {e}); {fix}"
+        ) from None
+    if not getattr(tok, "chat_template", None):
+        raise ChatTemplateUnavailable(f"the tokenizer of {model_path} has no chat template; {fix}")
+    bos = tok.bos_token or ""
+
+    def render(messages: Messages) -> str:
+        text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return text[len(bos) :] if bos and text.startswith(bos) else text
+
+    return render
+
+
+def templated(level: LevelPrompts, render: ChatRender) -> LevelPrompts:
+    """Every set with its chat-templated text to send, its messages kept (the hashes stay what was asked)."""
+
+    def one(ps: PromptSet) -> PromptSet:
+        msgs = ps.messages if ps.messages is not None else [({"role": "user", "content": p},) for p in ps.prompts]
+        return replace(ps, templated=[render(m) for m in msgs])
+
+    return LevelPrompts(one(level.warmup), [one(s) for s in level.repeats], level.unique)

@@ -93,7 +93,10 @@ def virtual_cell(
     """One cell measured in virtual time, judged by the config's gates: (cell, its seconds incl. idle probes)."""
     w = config["workload"]
     out = w["output_tokens"]
-    output_tokens = out if isinstance(out, int) else int(round(np.mean(out["uniform"])))
+    # one length stands for a distribution: a uniform range's mean, a reference range's middle (the virtual
+    # sweep models the synthetic fixed-length workload, not a dataset's entries)
+    bounds = out if isinstance(out, int) else out.get("uniform") or list(out["reference"].values())
+    output_tokens = bounds if isinstance(bounds, int) else int(round(np.mean(bounds)))
     arm_cfg = config["arms"][arm]
     speculative = bool(arm_cfg["speculative"])
     if speculative and arm_cfg.get("draft_length"):

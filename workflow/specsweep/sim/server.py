@@ -567,14 +567,17 @@ def _completion_prompt(body: dict[str, Any]) -> list[str]:
 
 
 def _chat_prompt(body: dict[str, Any]) -> list[str]:
-    """The tokens of every message's content, in order (the sim applies no chat template)."""
+    """The tokens of the sim's chat template: `<|role|>` and the content's words per message, then the
+    generation prompt `<|assistant|>` (as a real engine's template, it adds tokens the client does not send:
+    a chat request's input length is the server's count)."""
     words: list[str] = []
     for msg in body.get("messages") or []:
+        role = str(msg.get("role") or "user") if isinstance(msg, dict) else "user"
         content = msg.get("content", "") if isinstance(msg, dict) else ""
         if isinstance(content, list):
             content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-        words += prompt_words(str(content or ""))
-    return words
+        words += [f"<|{role}|>", *prompt_words(str(content or ""))]
+    return [*words, "<|assistant|>"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -52,6 +52,8 @@ INTERVAL_NOTE_TWO_REPEATS = (
 SCHEMA_VERSION = 1
 
 
+LEVEL_SYMBOL = {"closed": "C", "open": "rate", "trace": "scale"}  # how texts name a level, by load mode
+
 _SLO_KEYS = {
     "ttft_ms": "ttft_s",
     "tpot_ms": "tpot_s",
@@ -158,10 +160,10 @@ def _state(v: float, cmax: float) -> str:
     return "within" if v <= cmax else "above_range"
 
 
-def crossover_text(x: dict[str, Any] | None) -> str:
+def crossover_text(x: dict[str, Any] | None, symbol: str = "C") -> str:
     """'C=12.3 [8.1, 20.4]' with '<min' / '>max' where a value lies outside the measured levels."""
     if not x:
-        return "C=- (no usable levels)"
+        return f"{symbol}=- (no usable levels)"
 
     def one(field: str) -> str:
         st, v = x["states"][field], x[field]
@@ -171,7 +173,7 @@ def crossover_text(x: dict[str, Any] | None) -> str:
             return f">{x['max_level']:g}"
         return f"{v:.3g}"
 
-    return f"C={one('estimate')} [{one('lo')}, {one('hi')}]"
+    return f"{symbol}={one('estimate')} [{one('lo')}, {one('hi')}]"
 
 
 def _direction(levels: np.ndarray, s: np.ndarray, x: float) -> str:
@@ -340,8 +342,10 @@ def suggest_levels(
     configured: Sequence[float],
     max_ratio: float,
     max_new: int = 8,
-) -> list[int]:
-    """Integer levels to measure so that the crossover interval can narrow: log-spaced between the measured
+    integer: bool = True,
+) -> list[int | float]:
+    """Levels to measure so that the crossover interval can narrow (integers for concurrency, two significant
+    digits for rates and time scales with `integer` False): log-spaced between the measured
     levels that bracket the interval, at most a factor sqrt(max_ratio) apart, none already configured.
 
     An interval reaching below the lowest level reaches down to C=1; one reaching above the largest level is
@@ -353,7 +357,7 @@ def suggest_levels(
     if st["lo"] == "within":
         lo_anchor = max((c for c in used if c <= crossover["lo"]), default=min(used))
     else:
-        lo_anchor = 1.0
+        lo_anchor = 1.0 if integer else min(used) / 2.0
     if st["hi"] == "within":
         hi_anchor = min((c for c in used if c >= crossover["hi"]), default=top)
     else:
@@ -362,7 +366,11 @@ def suggest_levels(
         return []
     span = math.log(hi_anchor / lo_anchor)
     n = min(max_new + 1, max(1, math.ceil(span / math.log(math.sqrt(max_ratio)))))
-    cands = {int(round(lo_anchor * math.exp(span * k / n))) for k in range(n + 1)}
+    raw = [lo_anchor * math.exp(span * k / n) for k in range(n + 1)]
+    if not integer:  # request rates and time scales: two significant digits
+        rates = {float(f"{c:.2g}") for c in raw}
+        return sorted(c for c in rates if c > 0 and c not in known and lo_anchor <= c <= hi_anchor)
+    cands = {int(round(c)) for c in raw}
     return sorted(c for c in cands if c >= 1 and float(c) not in known and lo_anchor <= c <= hi_anchor)
 
 
@@ -393,6 +401,8 @@ def decide_verdict(
     max_ratio: float,
     upward: bool = False,
     no_interval: Sequence[float] = (),
+    symbol: str = "C",
+    integer: bool = True,
 ) -> dict[str, Any]:
     """The answer for one speculative arm, or why there is none yet (docs/analysis.md, "Verdicts").
 
@@ -427,12 +437,14 @@ def decide_verdict(
     unsure = sorted(float(b) for b in no_interval if b <= upper)
     reasons: list[str] = []
     add: list[int] = []
-    where = "the answer depends on every level" if math.isinf(upper) else f"at or below C={upper:g}, which decide"
+    where = (
+        "the answer depends on every level" if math.isinf(upper) else f"at or below {symbol}={upper:g}, which decide"
+    )
     if blocking:
-        reasons.append(f"C={levels_text(blocking)} invalid or missing ({where}): re-measure")
+        reasons.append(f"{symbol}={levels_text(blocking)} invalid or missing ({where}): re-measure")
     if unsure:
         reasons.append(
-            f"C={levels_text(unsure)} without an interval (no request records, or steady windows too short; "
+            f"{symbol}={levels_text(unsure)} without an interval (no request records, or steady windows too short; "
             f"{where}): re-measure"
         )
     interval = f"[{_limit_text(crossover, 'lo')}, {_limit_text(crossover, 'hi')}]"
@@ -444,13 +456,13 @@ def decide_verdict(
     elif st["lo"] != st["hi"] and not _open_towards_estimate(st):
         too_wide = f"crossover interval {interval} is open beyond the measured levels"
     if too_wide:
-        add = suggest_levels(crossover, used_s, configured, max_ratio)
-        fix = f"measure C={levels_text(add)} and/or" if add else "levels there are dense already:"
+        add = suggest_levels(crossover, used_s, configured, max_ratio, integer=integer)
+        fix = f"measure {symbol}={levels_text(add)} and/or" if add else "levels there are dense already:"
         reasons.append(f"{too_wide}: {fix} more repeats or requests per level")
     notes = []
     if ignored:
         notes.append(
-            f"C={levels_text(ignored)} invalid, missing or without an interval above C={upper:g}: "
+            f"{symbol}={levels_text(ignored)} invalid, missing or without an interval above {symbol}={upper:g}: "
             "not needed for this verdict"
         )
     if reasons:
@@ -463,18 +475,18 @@ def decide_verdict(
         }
     if kind == "crossover":
         reason = (
-            f"speculation pays off up to C={crossover['estimate']:.3g} {interval}; every level up to "
-            f"C={upper:g} measured validly"
+            f"speculation pays off up to {symbol}={crossover['estimate']:.3g} {interval}; every level up to "
+            f"{symbol}={upper:g} measured validly"
         )
     elif kind == "wins_everywhere":
-        reason = f"speculation wins at every level, C={used_s[0]:g} to {used_s[-1]:g}, all measured validly"
+        reason = f"speculation wins at every level, {symbol}={used_s[0]:g} to {used_s[-1]:g}, all measured validly"
         if st["lo"] == "within":
             reason += (
-                f"; with 95% confidence it pays at least up to C={crossover['lo']:.3g} (the interval {interval} "
+                f"; with 95% confidence it pays at least up to {symbol}={crossover['lo']:.3g} (the interval {interval} "
                 "is open above the measured levels)"
             )
     else:
-        reason = f"speculation already loses at the lowest level, C={used_s[0]:g}"
+        reason = f"speculation already loses at the lowest level, {symbol}={used_s[0]:g}"
         if upward:
             reason += " (and wins again at higher load: see the crossings)"
     return {"kind": kind, "reason": reason, "add_levels": [], "remeasure_levels": [], "notes": notes}
@@ -572,24 +584,33 @@ def analyze_arm(
     bad = [r["concurrency"] for r in per_level if not r["used"]]
     upward = any(x["direction"] == "up" for x in prim.get("crossings") or [])
     no_interval = [c for c, has in zip(used, prim["interval_available"], strict=True) if not has]
+    sym = LEVEL_SYMBOL[settings.load]
     verdict = decide_verdict(
-        prim["crossover"], used, configured, bad, settings.max_crossover_ratio, upward, no_interval
+        prim["crossover"],
+        used,
+        configured,
+        bad,
+        settings.max_crossover_ratio,
+        upward,
+        no_interval,
+        symbol=sym,
+        integer=settings.load == "closed",
     )
     differ = [r for r in per_level if (r.get("output_match") or {}).get("share", 1.0) < settings.min_output_match]
     if differ:
         worst = min(differ, key=lambda r: r["output_match"]["share"])
         fd = worst["output_match"]["first_difference"] or {}
         verdict["notes"].append(
-            f"OUTPUTS DIFFER at C={levels_text([r['concurrency'] for r in differ])}: only "
+            f"OUTPUTS DIFFER at {sym}={levels_text([r['concurrency'] for r in differ])}: only "
             f"{worst['output_match']['share']:.0%} of {spec_arm}'s outputs equal {baseline_arm}'s at "
-            f"C={worst['concurrency']:g} (first difference at character {fd.get('char')}; "
+            f"{sym}={worst['concurrency']:g} (first difference at character {fd.get('char')}; "
             f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text "
             "is not the same service; check the draft and verify path"
         )
     shares = [r["output_match"]["share"] for r in per_level if r.get("output_match")]
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
     if included_invalid:
-        verdict["notes"].append(f"C={levels_text(included_invalid)} invalid but included (include_invalid)")
+        verdict["notes"].append(f"{sym}={levels_text(included_invalid)} invalid but included (include_invalid)")
     cells_b = [*base_b, *spec_b]
     methods = [b.method.get(pname, "none") for b in cells_b]
     n_reps = [b.n_repeats.get(pname, 0) for b in cells_b if b.has_interval.get(pname)]

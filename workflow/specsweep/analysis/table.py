@@ -7,7 +7,7 @@ import csv
 import io
 from typing import Any
 
-from specsweep.analysis.analyze import crossover_text, levels_text
+from specsweep.analysis.analyze import LEVEL_SYMBOL, crossover_text, levels_text
 from specsweep.analysis.bootstrap import METRICS
 from specsweep.analysis.policy import choose_threshold
 
@@ -18,7 +18,8 @@ def _fmt(v: float | None, nd: int = 3) -> str:
     return "-" if v is None else f"{v:.{nd}g}"
 
 
-def _crossover_line(name: str, ar: dict[str, Any]) -> str:
+def _crossover_line(name: str, ar: dict[str, Any], load: str = "closed") -> str:
+    sym = LEVEL_SYMBOL[load]
     x = ar.get("crossover")
     m = ar["metrics"][ar["primary_metric"]]
     if x is None:
@@ -26,17 +27,17 @@ def _crossover_line(name: str, ar: dict[str, Any]) -> str:
     if not ar["crossings"]:
         sm = ar["smallest_margin"]
         inconclusive = (ar.get("verdict") or {}).get("kind") == "inconclusive"
-        where = f"level measured validly (C={levels_text(ar['levels'])})" if inconclusive else "level"
+        where = f"level measured validly ({sym}={levels_text(ar['levels'])})" if inconclusive else "level"
         return (
             f"{name}: no crossing: {ar['winner']} wins at every {where}; smallest margin "
-            f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at C={_fmt(sm['concurrency'])}"
+            f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at {sym}={_fmt(sm['concurrency'])}"
         )
     parts = [
-        f"C={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]
+        f"{sym}={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]
     ]
     mono = "" if ar["monotone"] else " NON-MONOTONE"
     return (
-        f"{name}: crossover ({m['orientation']} {ar['primary_metric']}) {crossover_text(x)}{mono}; "
+        f"{name}: crossover ({m['orientation']} {ar['primary_metric']}) {crossover_text(x, sym)}{mono}; "
         "crossings: " + "; ".join(parts) + _interpolation_text(x)
     )
 
@@ -57,8 +58,13 @@ def _running_line(name: str, ar: dict[str, Any], load: str) -> str:
             f"{name}: in running requests: no crossover inside the measured {_fmt(x['min_level'])}.."
             f"{_fmt(x['max_level'])} running requests (it lies {where} the levels, in {unit})"
         )
+    def end(field: str) -> str:
+        if states[field] == "above_range":
+            return f">{_fmt(x['max_level'])}"
+        return f"<{_fmt(x['min_level'])}" if states[field] == "below_range" else _fmt(x[field])
+
     return (
-        f"{name}: crossover in running requests {_fmt(x['estimate'])} [{_fmt(x['lo'])}, {_fmt(x['hi'])}] "
+        f"{name}: crossover in running requests {_fmt(x['estimate'])} [{end('lo')}, {end('hi')}] "
         f"(the {unit} crossover mapped through the arms' measured in-flight curves)"
     )
 
@@ -145,7 +151,7 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
                 f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24}{shown} | {same:>11} | {r['valid']}"
             )
-        lines.append(_crossover_line(name, ar))
+        lines.append(_crossover_line(name, ar, result.get("load", "closed")))
         if running:
             lines.append(_running_line(name, ar, result.get("load", "open")))
         if ar.get("interval_note"):

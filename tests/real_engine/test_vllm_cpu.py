@@ -82,9 +82,9 @@ def vllm_processes(workdir: Path) -> list[psutil.Process]:
     return out
 
 
-def stop_everything(workdir: Path) -> None:
+def stop_everything(workdir: Path, experiment: str = EXP) -> None:
     """Stop the experiment's servers through specsweep, then kill any vLLM process left in `workdir`."""
-    state_dir = workdir / "results" / EXP / ".servers"
+    state_dir = workdir / "results" / experiment / ".servers"
     pythonpath = os.pathsep.join(filter(None, [str(REPO / "workflow"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
     if state_dir.exists():

@@ -35,6 +35,15 @@ _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
 
 
+# A plain chat template (role, colon, content per line; the BOS the post-processor would add to a completion
+# prompt, since chat prompts are tokenized without special tokens): vLLM's /v1/chat/completions and a client
+# applying it for SGLang's /generate need one, and transformers has no default any more.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def _words(rng: random.Random, n: int) -> list[str]:
     """n distinct pronounceable pseudo-words."""
     seen: set[str] = set()
@@ -80,7 +89,7 @@ def build_tokenizer(seed: int, vocab_size: int):
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
     )
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
@@ -88,6 +97,8 @@ def build_tokenizer(seed: int, vocab_size: int):
         pad_token="<pad>",
         model_max_length=1 << 20,
     )
+    fast.chat_template = CHAT_TEMPLATE  # saved in tokenizer_config.json: engines apply it to chat requests
+    return fast
 
 
 def build(

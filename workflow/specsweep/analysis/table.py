@@ -58,6 +58,7 @@ def _running_line(name: str, ar: dict[str, Any], load: str) -> str:
             f"{name}: in running requests: no crossover inside the measured {_fmt(x['min_level'])}.."
             f"{_fmt(x['max_level'])} running requests (it lies {where} the levels, in {unit})"
         )
+
     def end(field: str) -> str:
         if states[field] == "above_range":
             return f">{_fmt(x['max_level'])}"

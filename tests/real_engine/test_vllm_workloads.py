@@ -1,0 +1,165 @@
+"""Real workloads on a real engine: vLLM's CPU build, chat requests, a dataset, an open-loop sweep.
+
+Three experiments against the tiny local Llama, plain decoding vs ngram speculation (K=3), chat requests
+(`/v1/chat/completions`: vLLM applies the model's chat template and counts the prompt):
+- `words`: the seeded synthetic words, closed loop at C = 1, 4, 16;
+- `structured`: a chat-jsonl dataset the test writes (templated, code-like text that repeats itself), the same
+  levels: ngram drafts from the context, so what the context holds decides its acceptance;
+- `open`: the structured dataset at request-rate levels (Poisson arrivals), whose answer is also given in
+  running requests.
+Asserts the answer: every cell valid and isolated, input lengths as vLLM counted them, accept length from
+vLLM's counters, the two contents' acceptance apart by more than their repeats' spread, outputs equal to the
+baseline's, the open sweep's running requests measured two ways. The figures (accept length and crossover per
+content) are printed by benchmarks/content_acceptance.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from specsweep.config import defaults
+from specsweep.summary import read_judged
+from tests.conftest import REPO, SNAKEMAKE
+from tests.real_engine.test_vllm_cpu import DAG_TIMEOUT_S, ENVS_DIR, EXAMPLE, run_snakemake, stop_everything
+
+pytestmark = pytest.mark.real_engine
+
+VARIANT = "cpu-tiny"
+LEVELS = (1, 4, 16)
+RATES = (2, 8, 24)
+REPEATS = 2
+OUTPUT_TOKENS = 64
+ARMS = ("baseline", "ngram")
+
+
+def structured_dataset(path: Path, n: int = 400, seed: int = 0) -> Path:
+    """Chat requests whose text repeats itself: handlers of one shape, names and numbers varied."""
+    rng = random.Random(seed)
+    nouns = ["user", "order", "invoice", "account", "session", "ticket", "report", "device"]
+    with path.open("w") as f:
+        for i in range(n):
+            blocks = []
+            for _ in range(3):
+                noun, k = rng.choice(nouns), rng.randint(1, 99)
+                blocks.append(
+                    f"def get_{noun}_{k}(db, {noun}_id):\n"
+                    f"    row = db.get('{noun}', {noun}_id)\n"
+                    f"    if row is None:\n"
+                    f"        raise NotFound('{noun} {k}')\n"
+                    f"    return row\n"
+                )
+            content = f"# request {i}\n" + "\n".join(blocks) + "\nWrite the next handler in the same style."
+            f.write(json.dumps({"messages": [{"role": "user", "content": content}]}) + "\n")
+    return path
+
+
+def config_for(name: str, dataset: Path | None = None, **overrides: object) -> dict:
+    """The vLLM CPU example reduced to two arms (baseline, ngram K=3), chat requests, the structured dataset
+    when given, and top-level `overrides`."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config.update(experiment=name, envs_dir=str(ENVS_DIR), concurrency=list(LEVELS), repeats=REPEATS)
+    config["variants"][VARIANT]["recipe"] = str(REPO / config["variants"][VARIANT]["recipe"])
+    config["arms"] = {
+        "baseline": {"speculative": False},
+        "ngram": {"speculative": True, "server_args": config["arms"]["ngram"]["server_args"]},
+    }
+    config["policy"] = {"measure": False}
+    config["workload"].update(output_tokens=OUTPUT_TOKENS, endpoint="chat")
+    if dataset is not None:
+        config["workload"]["dataset"] = {"path": str(dataset), "format": "chat-jsonl", "name": "structured"}
+    config.update(overrides)
+    return config
+
+
+def run(workdir: Path, config: dict) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", "crossover", "--configfile", "config.yaml"]
+    try:
+        rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
+    finally:
+        stop_everything(workdir, config["experiment"])
+    (workdir / "run.log").write_text(out)
+    assert rc == 0, f"snakemake failed (logs under {workdir}/results):\n{out[-6000:]}"
+    return workdir / "results" / config["experiment"] / VARIANT
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("real_workloads")
+    data = structured_dataset(root / "structured.jsonl")
+    open_load = {"mode": "open", "rates": list(RATES), "duration_s": 6}
+    return {
+        "words": run(root / "words", config_for("words")),
+        "structured": run(root / "structured", config_for("structured", data)),
+        "open": run(root / "open", config_for("open", data, load=open_load, analysis={"primary_metric": "tpot_p50_s"})),
+    }
+
+
+def cells(variant_dir: Path, prefix: str, levels: tuple[int, ...]) -> list[tuple[str, int, dict, pd.DataFrame]]:
+    out = []
+    for arm in ARMS:
+        for c in levels:
+            s, df = read_judged(variant_dir / arm / f"{prefix}{c}", defaults("gates"))
+            out.append((arm, c, s, df))
+    return out
+
+
+@pytest.mark.parametrize("name", ["words", "structured", "open"])
+def test_every_cell_valid_isolated_and_counted_by_the_engine(sweeps: dict[str, Path], name: str) -> None:
+    prefix, levels = ("r", RATES) if name == "open" else ("c", LEVELS)
+    for arm, c, s, df in cells(sweeps[name], prefix, levels):
+        assert s["validity"]["valid"], (name, arm, c, s["validity"]["reasons"])
+        assert df["ok"].all() and (df["server_output_tokens"] == df["expected_output_tokens"]).all()
+        assert s["workload"]["endpoint"] == "chat" and s["client_backend"] == "openai"
+        assert s["workload"]["input_tokens_counted_by"] == "server", s["workload"]
+        assert (df["input_tokens"] > 0).all()  # vLLM's usage.prompt_tokens of the templated prompt
+        for rep in s["repeats"]:
+            assert rep["metrics"]["prefix_cache"]["hit_rate"] <= 0.01, (name, arm, c, rep["metrics"]["prefix_cache"])
+        if name != "words":
+            assert s["workload"]["dataset"] == "structured" and s["workload"]["dataset_sha256"]
+
+
+def accept_lengths(variant_dir: Path) -> dict[int, list[float]]:
+    """Per level, the ngram arm's accept length of each repeat (vLLM's counter deltas around the repeat)."""
+    out = {}
+    for c in LEVELS:
+        s = read_judged(variant_dir / "ngram" / f"c{c}", defaults("gates"))[0]
+        reps = [r["metrics"]["counter_deltas"] for r in s["repeats"]]
+        out[c] = [1 + d["num_accepted_tokens"] / d["num_drafts"] for d in reps]
+    return out
+
+
+def test_acceptance_depends_on_content(sweeps: dict[str, Path]) -> None:
+    """The same engine, model, arm and levels: the two contents' accept lengths differ at every level by more
+    than the spread of either content's repeats."""
+    words, structured = accept_lengths(sweeps["words"]), accept_lengths(sweeps["structured"])
+    for c in LEVELS:
+        gap = abs(sum(words[c]) / REPEATS - sum(structured[c]) / REPEATS)
+        spread = max(max(words[c]) - min(words[c]), max(structured[c]) - min(structured[c]))
+        assert gap > 2 * spread and gap > 0.1, (c, words[c], structured[c])
+
+
+def test_outputs_equal_the_baselines(sweeps: dict[str, Path]) -> None:
+    for name in ("words", "structured", "open"):
+        ar = json.loads((sweeps[name] / "crossover.json").read_text())["arms"]["ngram"]
+        for row in ar["per_level"]:
+            assert row["output_match"]["share"] >= 0.9, (name, row)
+
+
+def test_open_sweep_measures_running_requests_and_answers_in_them(sweeps: dict[str, Path]) -> None:
+    result = json.loads((sweeps["open"] / "crossover.json").read_text())
+    assert result["load"] == "open" and result["source"] == "real"
+    running = result["arms"]["ngram"]["running_requests"]
+    for row in running["per_level"]:
+        for arm in ("baseline", "spec"):
+            assert row[f"{arm}_littles_law"] == pytest.approx(row[arm], rel=0.25), row
+    assert running["per_level"][-1]["baseline"] > running["per_level"][0]["baseline"]  # more load, more running
+    for arm, rate, s, _ in cells(sweeps["open"], "r", RATES):
+        assert s["metrics"]["achieved_rate_rps"] == pytest.approx(rate, rel=0.4), (arm, rate)

@@ -1,7 +1,7 @@
 """Does what is generated change speculation's payoff? Accept length and crossover per content, on vLLM CPU.
 
 Runs the real-engine tier's two closed-loop experiments (tests/real_engine/test_vllm_workloads.py: the tiny
-local Llama, baseline vs ngram K=3, chat requests, C = 1, 4, 16, 2 repeats): the seeded synthetic words, and a
+local Llama, baseline vs ngram K=3, chat requests, C = 1, 4, 16, 3 repeats): the seeded synthetic words, and a
 chat-jsonl dataset of templated, self-repeating code-like text. `--runs N` repeats both from scratch (fresh
 servers, same seeds) and prints, per content and level, the ngram arm's accept length (vLLM's counters) and the
 speedup, and each run's crossover, so the spread between runs is visible.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.real_engine.test_vllm_workloads import LEVELS, config_for, run, structured_dataset  # noqa: E402
+from tests.real_engine.test_vllm_workloads import LEVELS, config_for, run, templated_dataset  # noqa: E402
 
 
 def accept(variant_dir: Path, c: int) -> float:
@@ -35,13 +35,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="content-"))
-    data = structured_dataset(root / "structured.jsonl")
-    figures: dict[str, list[dict]] = {"words": [], "structured": []}
+    data = templated_dataset(root / "templated.jsonl")
+    figures: dict[str, list[dict]] = {"words": [], "templated": []}
     for r in range(args.runs):
         for name in figures:
             t0 = time.monotonic()
             workdir = root / f"run{r}" / name
-            config = config_for(name, data if name == "structured" else None)
+            config = config_for(name, data if name == "templated" else None)
             variant_dir = run(workdir, config)
             result = json.loads((variant_dir / "crossover.json").read_text())["arms"]["ngram"]
             figures[name].append(

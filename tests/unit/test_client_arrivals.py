@@ -197,15 +197,26 @@ def test_open_window_and_running_requests_by_the_in_flight_curve_and_littles_law
 
 
 def test_open_loop_gates_tell_a_late_client_from_the_hosts_jitter() -> None:
-    sends = [float(i) for i in range(10)]
+    sends = [float(i) for i in range(40)]
     ends = [s + 2.0 for s in sends]
     gates = defaults("gates")
 
-    def reasons(late_s: float) -> list[str]:
-        df = records([s + late_s for s in sends], [e + late_s for e in ends], scheduled=sends)
+    def judged(late_s: list[float]) -> dict:
+        df = records(
+            [s + d for s, d in zip(sends, late_s, strict=True)],
+            [e + d for e, d in zip(ends, late_s, strict=True)],
+            scheduled=sends,
+        )
         meta = [{"lag": [0.001] * 50, "idle_lag": [0.002] * 50, "client": {}}]
-        return judge(measure_summary(df, 1024, meta), df, 1024, gates)["validity"]["reasons"]
+        return judge(measure_summary(df, 1024, meta), df, 1024, gates)["validity"]
 
-    assert not [r for r in reasons(0.003) if "sent late" in r]  # 3 ms: within 5 ms of the idle jitter
-    assert [r for r in reasons(0.050) if "sent late" in r]  # 50 ms behind plan: not the planned arrivals
-    assert not [r for r in reasons(0.050) if "achieved concurrency" in r]  # no closed-loop gate on an open loop
+    def late(v: dict) -> list[str]:
+        return [r for r in v["reasons"] if "sent late" in r]
+
+    assert not late(judged([0.003] * 40))  # 3 ms: within 5 ms of the idle jitter
+    everyone = judged([0.050] * 40)  # a client 50 ms behind its plan throughout: not the planned arrivals
+    assert late(everyone) and "100% of requests" in late(everyone)[0]
+    assert not [r for r in everyone["reasons"] if "achieved concurrency" in r]  # no closed-loop gate here
+    stall = judged([0.050 if i in (16, 17) else 0.001 for i in range(40)])  # one host stall: 2 of 40 late
+    assert not late(stall) and any("5.0% of requests sent late" in f for f in stall["flags"]), stall
+    assert late(judged([0.050 if i % 10 < 3 else 0.001 for i in range(40)]))  # 30% late: a starved client

@@ -179,21 +179,31 @@ def file_tokenizer(path: str | Path) -> Tokenizer:
 
 
 async def _fit(words: list[str], target: int, count: Tokenizer, pool: random.Random) -> tuple[str, int]:
-    """Add or drop words until the tokenizer says `target` tokens; returns the text and its final count."""
+    """Add or drop words until the tokenizer says `target` tokens; returns the text and its count (the closest
+    reached within 64 counts when no word list hits it exactly).
+
+    Steps scale with the tokens per word seen so far: a small BPE vocabulary (the tiny local model's) splits
+    a word into ~3.5 tokens, and steps of one token per word undershot by 3x (a 64-token prompt of 207)."""
     words = list(words)
     n = await count(" ".join(words))
+    best = (abs(n - target), " ".join(words), n)
     for _ in range(64):
         if n == target:
             break
-        if n < target:
-            words.extend(pool.choice(WORDS) for _ in range(max(1, (target - n) // 2)))
+        step = round((target - n) * len(words) / max(n, 1))  # words to add (+) or drop (-)
+        if step > 0:
+            words.extend(pool.choice(WORDS) for _ in range(step))
+        elif step < 0:
+            words = words[: max(1, len(words) + step)]  # the first word (the set's unique tag) stays
+        elif n < target:
+            words.append(pool.choice(WORDS))
+        elif len(words) > 1:  # within one word of the target: another last word (token counts differ)
+            words[-1] = pool.choice(WORDS)
         else:
-            drop = max(1, (n - target) // 2)
-            if len(words) - drop < 1:
-                break
-            del words[-drop:]
+            break
         n = await count(" ".join(words))
-    return " ".join(words), n
+        best = min(best, (abs(n - target), " ".join(words), n))
+    return best[1], best[2]
 
 
 async def make_prompts(

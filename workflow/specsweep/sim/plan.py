@@ -29,7 +29,7 @@ from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.client.loadgen import warmup_count
-from specsweep.config import ConfigError, fixed_arms, load, policy_arms, requests_for, speculative_arms
+from specsweep.config import ConfigError, fixed_arms, load, load_mode, policy_arms, requests_for, speculative_arms
 from specsweep.sim.engine import parse_schedule
 from specsweep.sim.predict import CLIENT_TURNAROUND_S, level_records, run_level
 from specsweep.sim.profile import Profile, load_profile
@@ -280,6 +280,13 @@ def run(args: argparse.Namespace) -> int:
         config = load(args.config)
     except ConfigError as e:
         print(e, file=sys.stderr)
+        return 2
+    if load_mode(config) != "closed":
+        print(
+            f"specsweep plan predicts closed-loop sweeps in virtual time, and load.mode is {load_mode(config)}; "
+            "plan the closed-loop sweep (load.mode: closed) or measure the open one",
+            file=sys.stderr,
+        )
         return 2
     variant = args.variant or next(iter(config["variants"]))
     if variant not in config["variants"]:

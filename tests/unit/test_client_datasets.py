@@ -131,8 +131,8 @@ def test_mtbench_chat_jsonl_and_prompts_jsonl(tmp_path: Path) -> None:
         ("sharegpt", '[{"id": 1}]', r"bad\.jsonl\[0\]: missing field 'conversations'"),
         ("sharegpt", '[{"conversations": [{"from": "gpt", "value": "a"}]}]',
          r"bad\.jsonl\[0\]: field 'conversations' has no human turn"),
-        ("sharegpt", '[{"conversations": [{"from": "bard", "value": "a"}]}]',
-         r"bad\.jsonl\[0\] conversations\[0\]: field 'from' is 'bard'"),
+        ("sharegpt", '[{"conversations": [{"from": "robot", "value": "a"}]}]',
+         r"bad\.jsonl\[0\] conversations\[0\]: field 'from' is 'robot'"),
     ],
 )  # fmt: skip
 def test_bad_files_are_named_by_file_line_and_field(tmp_path: Path, fmt: str, content: str, expected: str) -> None:
@@ -389,3 +389,11 @@ def test_warm_up_keeps_its_short_lengths_over_the_files(tmp_path: Path) -> None:
     f = write(tmp_path / "p.jsonl", [{"prompt": f"p{i} x", "output_tokens": 500} for i in range(12)])
     lv = level(load_dataset(f, "prompts-jsonl"), 2, 4, 1, 4)
     assert lv.warmup.output_tokens == [None] * 4 and lv.repeats[0].output_tokens == [500] * 4
+
+
+def test_sharegpt_speaker_aliases_of_public_dumps(tmp_path: Path) -> None:
+    turns = [{"from": "user", "value": "q1"}, {"from": "chatgpt", "value": "a1"}, {"from": "human", "value": "q2"},
+             {"from": "bing", "value": "a2"}]  # fmt: skip
+    f = write(tmp_path / "sg.json", [{"conversations": turns}], jsonl=False)
+    entry = load_dataset(f, "sharegpt", chat="history").entries[0]
+    assert [m["role"] for m in entry.messages] == ["user", "assistant", "user"] and entry.reference == "a2"

@@ -27,7 +27,17 @@ from typing import Any
 FORMATS = ("prompts-jsonl", "sharegpt", "mtbench", "chat-jsonl")
 CHAT_MODES = ("first_turn", "history")
 Message = dict[str, str]
-_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# ShareGPT's speakers, with the aliases public dumps use (user, and the assistants' product names)
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+}
 _CHAT_ROLES = ("system", "user", "assistant")
 
 

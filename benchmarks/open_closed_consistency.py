@@ -2,8 +2,9 @@
 
 Against the simulated engine (a `serve-sim` process pinned to CPU 0, the client to CPU 1), per arm: a closed
 loop at each C of a grid, then open loops at each rate (Poisson arrivals); each open level's TPOT p50 and E2E
-p50 are compared with the closed sweep's at the open level's measured running requests (log-log interpolation
-between the closed levels). Repeated `--runs` times, with fresh servers; prints each figure's spread.
+p50 are compared with the closed sweep's at the batch the open level ran with (its in-flight count while any
+request ran; log-log interpolation between the closed levels), beside its plain in-flight mean and Little's
+law. Repeated `--runs` times, with fresh servers; prints each figure's spread.
 
     .venv/bin/python benchmarks/open_closed_consistency.py [--runs 3] [--rates 5,20,40] [--grid 1,2,4,8,16,32]
 """
@@ -100,12 +101,13 @@ async def one_run(speculative: bool, grid: list[int], rates: list[float], seed: 
     with sim_server(speculative) as url:
         await ready(url)
         cl = [await closed(url, c, seed) for c in grid]
-        xs = [m["running_requests_mean"] for m in cl]
+        xs = [m["running_requests"]["busy_mean"] for m in cl]
         rows = []
         for rate in rates:
             m = await opened(url, rate, seed)
-            run = m["running_requests_mean"]
-            row = {"rate": rate, "running": run, "littles": m["running_requests"]["littles_law"]}
+            run = m["running_requests"]["busy_mean"]  # the batch the engine stepped with
+            row = {"rate": rate, "running": run, "mean": m["running_requests"]["mean"]}
+            row["littles"] = m["running_requests"]["littles_law"]
             for key in ("tpot_ms", "e2e_ms"):
                 row[f"{key}_open"] = m[key]["p50"]
                 row[f"{key}_closed"] = interp(run, xs, [c[key]["p50"] for c in cl]) if xs[0] <= run <= xs[-1] else None
@@ -133,10 +135,9 @@ def main() -> int:
     for speculative in (False, True):
         runs = [asyncio.run(one_run(speculative, grid, rates, seed=10 + r)) for r in range(args.runs)]
         print(f"\narm {'eagle3 (speculative)' if speculative else 'baseline'}: {args.runs} runs, median [min, max]")
-        print(
-            f"{'req/s':>6} | {'running (in-flight)':>22} | {'Little':>20} | {'TPOT p50 ms open / closed@running':>40} "
-            f"| {'E2E p50 ms open / closed@running':>40} | TPOT open/closed"
-        )
+        head = ("req/s", "batch (busy mean)", "in-flight mean", "Little", "TPOT p50 ms open / closed@batch",
+                "E2E p50 ms open / closed@batch", "TPOT open/closed")  # fmt: skip
+        print(" | ".join(head))
         for i, rate in enumerate(rates):
             rows = [run[i] for run in runs]
             ratio = [r["tpot_ms_open"] / r["tpot_ms_closed"] for r in rows if r["tpot_ms_closed"]]
@@ -146,9 +147,7 @@ def main() -> int:
 
             tpot = col("tpot_ms_open") + " / " + col("tpot_ms_closed")
             e2e = col("e2e_ms_open") + " / " + col("e2e_ms_closed")
-            print(
-                f"{rate:>6g} | {col('running'):>22} | {col('littles'):>20} | {tpot:>40} | {e2e:>40} | {spread(ratio)}"
-            )
+            print(" | ".join([f"{rate:g}", col("running"), col("mean"), col("littles"), tpot, e2e, spread(ratio)]))
     return 0
 
 

@@ -83,8 +83,8 @@ def test_open_sweep_crossover_is_given_in_running_requests_and_sets_the_policy(s
     assert [r["level"] for r in running["per_level"]] == list(RATES)
     x, rx = ar["crossover"], running["crossover"]
     assert x["states"]["estimate"] == "within"
-    lo_run = min(r["baseline"] for r in running["per_level"])
-    hi_run = max(r["baseline"] for r in running["per_level"])
+    lo_run = min(min(r["baseline"], r["spec"]) for r in running["per_level"])
+    hi_run = max(max(r["baseline"], r["spec"]) for r in running["per_level"])
     assert lo_run <= rx["estimate"] <= hi_run  # a running-request count inside the measured curve
     policy = yaml.safe_load((sweeps["open"] / "policy.yaml").read_text())["arms"]["eagle3"]
     if policy["threshold"] is not None:  # the policy counts running requests, not requests/s
@@ -98,15 +98,16 @@ def log_interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 def test_open_and_closed_sweeps_agree_in_running_requests(sweeps: dict[str, Path]) -> None:
-    """The same arm's TPOT at the running requests an open level reached equals the closed sweep's TPOT at that
-    concurrency (interpolated between its levels): the two kinds of sweep measure one server."""
+    """The same arm's TPOT at the batch an open level ran with (its running requests while busy) equals the
+    closed sweep's TPOT at that concurrency (interpolated between its levels): the two kinds of sweep measure
+    one server."""
     for arm in ("baseline", "eagle3"):
         closed = [cell(sweeps["closed"], arm, f"c{c}")["metrics"] for c in CLOSED]
-        xs = [m["running_requests_mean"] for m in closed]
+        xs = [m["running_requests"]["busy_mean"] for m in closed]
         ys = [m["tpot_ms"]["p50"] for m in closed]
         for rate in RATES[:2]:  # the levels whose running requests the closed grid brackets
             m = cell(sweeps["open"], arm, f"r{rate}")["metrics"]
-            running = max(m["running_requests_mean"], xs[0])
+            running = max(m["running_requests"]["busy_mean"], xs[0])  # the batch a decode step ran with
             expect = log_interp(running, xs, ys)
             assert m["tpot_ms"]["p50"] == pytest.approx(expect, rel=0.2), (
                 arm,

@@ -196,6 +196,15 @@ def test_open_window_and_running_requests_by_the_in_flight_curve_and_littles_law
     assert m["achieved_rate_rps"] == pytest.approx(1.0, rel=0.2)
 
 
+def test_repeats_pool_running_requests_per_window_not_over_stacked_records() -> None:
+    sends = [float(i) for i in range(10)]
+    one = records(sends, [s + 2.0 for s in sends], scheduled=sends)
+    two = pd.concat([one, one.assign(repeat=1)], ignore_index=True)  # two repeats, each on its own clock
+    m = measure_summary(two, 1024)["metrics"]
+    assert m["running_requests_mean"] == pytest.approx(2.0, abs=0.02)
+    assert m["running_requests"]["littles_law"] == pytest.approx(2.0) and m["running_requests"]["mean"] < 2.1
+
+
 def test_open_loop_gates_tell_a_late_client_from_the_hosts_jitter() -> None:
     sends = [float(i) for i in range(40)]
     ends = [s + 2.0 for s in sends]

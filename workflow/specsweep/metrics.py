@@ -171,10 +171,15 @@ def running_requests(df: pd.DataFrame, start: float, end: float, samples: int = 
     """Requests in flight over [start, end], two ways: the measured in-flight curve (time-weighted mean, and
     its p50/p90/max at `samples` evenly spaced instants) and Little's law (arrival rate in the window x mean
     time in the system of the requests sent in it). In a closed loop both are C when the client keeps up; in
-    an open loop they are what the server's speed makes of the offered rate: the x the policy acts on."""
-    none: dict[str, float | None] = {"mean": None, "littles_law": None, "p50": None, "p90": None, "max": None}
+    an open loop they are what the server's speed makes of the offered rate.
+
+    `busy_mean` is the time-weighted mean count while at least one request is in flight (`busy_share` of the
+    window): the batch the engine steps with, which is what a per-batch-size speculation policy sees and what
+    a decode step's cost depends on. At a low rate the plain mean counts idle time as 0 (0.4 running requests
+    when one request runs 40% of the time); the engine then runs batches of 1, never of 0.4."""
+    keys = ("mean", "littles_law", "busy_mean", "busy_share", "p50", "p90", "max")
     if not (end > start):
-        return none
+        return dict.fromkeys(keys)
     send = df["send_s"].to_numpy(dtype=float)
     stop = df["end_s"].to_numpy(dtype=float)
     m = np.isfinite(send) & np.isfinite(stop)
@@ -183,13 +188,31 @@ def running_requests(df: pd.DataFrame, start: float, end: float, samples: int = 
     curve = ((send[None, :] <= t[:, None]) & (stop[None, :] > t[:, None])).sum(axis=1)
     inside = (send >= start) & (send < end)  # half-open: n arrivals a second over a window of n seconds
     littles = float(inside.sum() / (end - start) * (stop[inside] - send[inside]).mean()) if inside.any() else None
+    busy_s, area = _busy(send, stop, start, end)
     return {
         "mean": mean_in_flight(df, start, end),
         "littles_law": littles,
+        "busy_mean": area / busy_s if busy_s > 0 else None,
+        "busy_share": busy_s / (end - start),
         "p50": float(np.percentile(curve, 50)),
         "p90": float(np.percentile(curve, 90)),
         "max": float(curve.max()),
     }
+
+
+def _busy(send: np.ndarray, stop: np.ndarray, start: float, end: float) -> tuple[float, float]:
+    """(seconds of [start, end] with at least one request in flight, integral of the in-flight count)."""
+    keep = (stop > start) & (send < end)
+    a, b = np.clip(send[keep], start, end), np.clip(stop[keep], start, end)
+    if a.size == 0:
+        return 0.0, 0.0
+    times = np.concatenate([a, b])
+    steps = np.concatenate([np.ones(a.size), -np.ones(b.size)])
+    order = np.lexsort((steps, times))  # at a tie, ends before sends
+    times, count = times[order], np.cumsum(steps[order])
+    dur = np.diff(times)
+    held = count[:-1]
+    return float(dur[held > 0].sum()), float((dur * held).sum())
 
 
 def reissue_delays(df: pd.DataFrame) -> np.ndarray:
@@ -626,6 +649,11 @@ def _pool_repeats(pooled: dict[str, Any], per_rep: list[dict[str, Any]]) -> None
         pooled[key] = float(np.mean(vals)) if vals else None
         spread[key] = stats(vals)
     pooled["steady_window"] = None  # per repeat only: windows of different repeats share no clock origin
+    # in-flight figures are per window too (pooled records would stack the repeats' requests): their mean
+    runs = [p["metrics"]["running_requests"] for p in per_rep]
+    pooled["running_requests"] = {
+        k: (float(np.mean(v)) if (v := [r[k] for r in runs if r.get(k) is not None]) else None) for k in runs[0]
+    }
     pooled["repeat_spread"] = spread
     pooled["n_repeats"] = len(per_rep)
     pooled["client"] = _worst_client([p["metrics"]["client"] for p in per_rep], pooled["client"])

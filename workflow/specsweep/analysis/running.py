@@ -1,13 +1,14 @@
 """An open or trace sweep's answer in running requests: the unit the policy acts on.
 
 Why: an open sweep's levels are request rates (a trace's, time scales), but an engine's speculation switch
-(vLLM's per-batch-size draft length, SGLang's adaptive tiers) sees the number of running requests. Each cell
-measures the requests it held in flight (`running_requests_mean`: the time-weighted in-flight curve over its
-steady window; Little's law as a check). The crossover found in the level's unit is mapped through those
-curves: at a level the two arms hold different numbers of running requests (the faster one fewer), so the
-mapping uses the mean of the two arms' curves and keeps each arm's own. At a crossover on end-to-end latency
-the two coincide (Little's law: same rate, same time in system), so the mapped value does not depend on the
-choice there. A closed sweep needs none of this: its level is the running-request count.
+(vLLM's per-batch-size draft length, SGLang's adaptive tiers) sees the number of running requests in the batch
+it steps. Each cell measures the requests it held in flight over its steady window (the in-flight curve, with
+Little's law as a check); the batch is that count while the engine is busy (`running_requests.busy_mean`: at a
+low rate the plain mean counts idle time as zero, and a threshold read from it would fall below the batch of
+one that every step has). The crossover found in the level's unit is mapped through those curves: at a level
+the two arms hold different numbers of running requests (the faster one fewer), so the mapping uses the mean
+of the two arms' curves and keeps each arm's own. A closed sweep needs none of this: its level is the
+running-request count.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ from specsweep.analysis.cells import Cell
 
 __all__ = ["running_requests_view"]
 
-RUNNING_PATH = "running_requests_mean"
-
 
 def _running(cell: Cell | None) -> float:
+    """The cell's running requests as the engine's batch: the in-flight mean while any request runs."""
     if cell is None:
         return math.nan
-    v = (cell.summary.get("metrics") or {}).get(RUNNING_PATH)
+    v = ((cell.summary.get("metrics") or {}).get("running_requests") or {}).get("busy_mean")
     return float(v) if isinstance(v, int | float) else math.nan
+
+
+def _plain(cell: Cell | None) -> float | None:
+    """The time-weighted in-flight mean over the whole window (idle time counted as zero)."""
+    v = ((cell.summary.get("metrics") or {}).get("running_requests") or {}).get("mean") if cell else None
+    return float(v) if isinstance(v, int | float) else None
 
 
 def _littles(cell: Cell | None) -> float | None:
@@ -84,6 +90,8 @@ def running_requests_view(
                 "level": c,
                 "baseline": _finite(_running(b)),
                 "spec": _finite(_running(s)),
+                "baseline_mean": _plain(b),
+                "spec_mean": _plain(s),
                 "baseline_littles_law": _littles(b),
                 "spec_littles_law": _littles(s),
             }
@@ -103,7 +111,10 @@ def running_requests_view(
         "per_level": rows,
         "levels": [_finite(v) for v in mean],  # running requests at each used level (mean of the arms)
         "crossover": crossover,
-        "method": "time-weighted in-flight mean over each cell's steady window; log-log interpolation by level",
+        "method": (
+            "in-flight count while any request runs (the engine's batch), time-weighted over each cell's steady "
+            "window; log-log interpolation by level"
+        ),
     }
 
 

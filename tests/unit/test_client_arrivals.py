@@ -29,6 +29,7 @@ from specsweep.config import defaults
 from specsweep.metrics import judge, measure_summary, open_window, running_requests
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
+from tests.unit.test_client_loadgen import in_flight_max
 
 pytestmark = pytest.mark.unit
 
@@ -134,11 +135,6 @@ def open_level(profile: str, rate: float, n: int, cap: int, output: int = 16) ->
             await server.close()
 
     return asyncio.run(go())
-
-
-def in_flight_max(df: pd.DataFrame) -> int:
-    events = sorted([(s, 1) for s in df.send_s] + [(e, -1) for e in df.end_s], key=lambda x: (x[0], x[1]))
-    return int(max(np.cumsum([d for _, d in events])))
 
 
 def test_open_loop_sends_on_plan_and_the_cap_holds_arrivals_back() -> None:

@@ -190,7 +190,7 @@ def running_requests(df: pd.DataFrame, start: float, end: float, samples: int = 
     littles = float(inside.sum() / (end - start) * (stop[inside] - send[inside]).mean()) if inside.any() else None
     busy_s, area = _busy(send, stop, start, end)
     return {
-        "mean": mean_in_flight(df, start, end),
+        "mean": area / (end - start),
         "littles_law": littles,
         "busy_mean": area / busy_s if busy_s > 0 else None,
         "busy_share": busy_s / (end - start),
@@ -230,17 +230,6 @@ def reissue_delays(df: pd.DataFrame) -> np.ndarray:
         out.append(g["send_s"].to_numpy(dtype=float)[1:] - g["end_s"].to_numpy(dtype=float)[:-1])
     a = np.concatenate(out) if out else np.empty(0)
     return a[np.isfinite(a)]
-
-
-def mean_in_flight(df: pd.DataFrame, start: float, end: float) -> float:
-    """Time-weighted mean number of requests in flight (sent, not yet ended) over [start, end]."""
-    if not (end > start):
-        return math.nan
-    send = df["send_s"].to_numpy(dtype=float)
-    stop = df["end_s"].to_numpy(dtype=float)
-    m = np.isfinite(send) & np.isfinite(stop)
-    overlap = np.clip(np.minimum(stop[m], end) - np.maximum(send[m], start), 0.0, None)
-    return float(overlap.sum() / (end - start))
 
 
 def tokens_between(df: pd.DataFrame, start: float, end: float) -> int:
@@ -461,7 +450,7 @@ def repeat_metrics(
         "request_throughput_rps": rate(n_ok, duration),
         "goodput_rps": goodput,
         "slos": dict(slos) if slos else {},
-        "achieved_concurrency": _f(mean_in_flight(df, start, end)),
+        "achieved_concurrency": _f(running["mean"] if running["mean"] is not None else math.nan),
         "running_requests_mean": running["mean"],
         "running_requests": running,
         "load": "open" if open_loop else "closed",

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -364,7 +365,10 @@ def run_cell(
                 **server.public_dict(),
                 "info": summary.pop("server_info"),
                 "pid": rec.server_pid,
+                "started_at": rec.started_at,
                 "ready_after_s": server_ready_s,
+                "node": rec.node,
+                "slurm_job": os.environ.get("SLURM_JOB_ID"),  # None outside a cluster job
             },
             "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
         }

@@ -4,6 +4,11 @@ A cell asks for its server with `acquire()`. A healthy server with the same iden
 holding the same resource is stopped first. Each server runs under a supervisor process in its own session that
 ends the whole server process tree when the owner (the Snakemake process, or the cell itself when run alone)
 goes away, however it goes away: normal end, failure, Ctrl-C, SIGTERM or SIGKILL.
+
+In a SLURM job the resource is the job's allocation on its node (the same GPU indices on two nodes, or in two jobs
+on one node, are different GPUs), the owner is the job's first Snakemake process, and the supervisor is started
+by the job's server host (specsweep.serverhost), so the server serves every cell of the job and ends with it.
+The state folder is on shared storage; a process only ever signals servers of its own node.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +34,10 @@ import psutil
 from specsweep.engines.base import ServerSpec
 from specsweep.io import atomic_write_json, file_lock, tail_lines
 from specsweep.redact import redact_argv, redact_text, unredact_argv
+from specsweep.serverhost import HOST_ENV, inbox, request
 
 OWNER_ENV = "SPECSWEEP_OWNER_PID"
+OWNER_JOB_ENV = "SPECSWEEP_OWNER_JOB"  # in a SLURM job: the job whose first Snakemake process is the owner
 POLL_S = 0.25
 
 
@@ -53,6 +60,7 @@ class ServerRecord:
     started_at: float
     log_path: str
     command: list[str]  # redacted
+    node: str = ""  # the machine the server runs on (records are on shared storage)
 
     @property
     def base_url(self) -> str:
@@ -60,6 +68,20 @@ class ServerRecord:
 
 
 # ---------------------------------------------------------------- state files
+
+
+def this_node() -> str:
+    return socket.gethostname()
+
+
+def scoped_resource(resource: str) -> str:
+    """What a server holds exclusively here: the resource as named, or in a SLURM job, its allocation of it."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"{resource}@{this_node()}.job{job}" if job else resource
+
+
+def _local(rec: ServerRecord) -> bool:
+    return rec.node in ("", this_node())
 
 
 def _slug(resource: str) -> str:
@@ -181,6 +203,8 @@ def is_ready(base_url: str, paths: tuple[str, ...], timeout: float = 5.0) -> boo
 
 
 def stop_record(state_dir: Path, rec: ServerRecord, reason: str, grace_s: float = 10.0) -> None:
+    if not _local(rec):
+        raise ServerError(f"{rec.label} runs on {rec.node}, not on {this_node()}: stop it there")
     if process_started(rec.supervisor_pid) is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(rec.supervisor_pid, signal.SIGTERM)
@@ -195,11 +219,13 @@ def stop_record(state_dir: Path, rec: ServerRecord, reason: str, grace_s: float 
 
 
 def stop_all(state_dir: str | Path, reason: str = "workflow end") -> int:
-    """Stop every server of an experiment. Returns how many were stopped."""
+    """Stop every server of an experiment on this node. Returns how many were stopped."""
     state_dir = Path(state_dir)
     n = 0
     with file_lock(state_dir / "state.lock"):
         for rec in records(state_dir):
+            if not _local(rec):  # another node's pids mean nothing here
+                continue
             stop_record(state_dir, rec, reason)
             n += 1
     return n
@@ -234,6 +260,7 @@ def _owner() -> tuple[int, float]:
 
 
 def _start(state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]) -> ServerRecord:
+    """Start the server's supervisor: from this job's server host where there is one, else from here."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spec_file = state_dir / f"{_slug(spec.resource)}.spec"
     # The spec file holds the redacted command; the supervisor puts secrets back from its environment.
@@ -245,28 +272,28 @@ def _start(state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner:
         log.write(
             f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {label}: {' '.join(spec.public_dict()['argv'])}\n"
         )
-    with open(log_path, "a") as log:
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "specsweep.servers",
-                "supervise",
-                "--spec-file",
-                str(spec_file),
-                "--record",
-                str(record_path),
-                "--owner-pid",
-                str(owner[0]),
-                "--owner-started",
-                repr(owner[1]),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
+    argv = [
+        sys.executable,
+        "-m",
+        "specsweep.servers",
+        "supervise",
+        "--spec-file",
+        str(spec_file),
+        "--record",
+        str(record_path),
+        "--owner-pid",
+        str(owner[0]),
+        "--owner-started",
+        repr(owner[1]),
+    ]
+    box = inbox()
+    if box is not None:
+        request(box, argv, log_path)
+    else:
+        with open(log_path, "a") as log:
+            subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+            )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rec = read_record(record_path)
@@ -319,7 +346,12 @@ def acquire(
     The resource lock is held throughout, so no other cell can stop this server mid-measurement.
     """
     state_dir = Path(state_dir)
-    probe = make_spec(configured_port or 0)
+    resource = scoped_resource(make_spec(configured_port or 0).resource)
+
+    def make_scoped(port: int) -> ServerSpec:
+        return replace(make_spec(port), resource=resource)
+
+    probe = make_scoped(configured_port or 0)
     with file_lock(state_dir / f"{_slug(probe.resource)}.lock"):
         with file_lock(state_dir / "state.lock"):
             owner = _owner()
@@ -336,10 +368,10 @@ def acquire(
             if reusable:
                 assert rec is not None
                 log_event(state_dir, "reuse", label=label, identity=rec.identity, pid=rec.server_pid)
-                spec = make_spec(rec.port)
+                spec = make_scoped(rec.port)
             else:
                 port = pick_port(host, configured_port, label)
-                spec = make_spec(port)
+                spec = make_scoped(port)
                 rec = _start(state_dir, spec, label, Path(log_path), owner)
         if not reusable:
             _wait_ready(state_dir, rec, spec)
@@ -374,7 +406,8 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
         }
     )
     env = {**os.environ, **spec.env}
-    env.pop(OWNER_ENV, None)
+    for name in (OWNER_ENV, OWNER_JOB_ENV, HOST_ENV):  # the engine owns nothing
+        env.pop(name, None)
     log = open(data["log_path"], "a")  # noqa: SIM115 - lives as long as the server
     cpus = spec.cpus
     server = subprocess.Popen(
@@ -402,6 +435,7 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
         started_at=time.time(),
         log_path=data["log_path"],
         command=spec.public_dict()["argv"],
+        node=this_node(),
     )
     atomic_write_json(record_path, asdict(rec))
     stop = {"asked": False}
@@ -447,7 +481,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="list running servers of an experiment")
     ls.add_argument("--state-dir", required=True, type=Path)
-    st = sub.add_parser("stop", help="stop every server of an experiment")
+    st = sub.add_parser("stop", help="stop every server of an experiment on this node")
     st.add_argument("--state-dir", required=True, type=Path)
     sv = sub.add_parser("supervise", help="(internal) run and watch one server")
     sv.add_argument("--spec-file", required=True, type=Path)
@@ -464,8 +498,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"stopped {n} server(s)")
         return 0
     for rec in records(args.state_dir):
-        alive = process_started(rec.server_pid) is not None
-        print(f"{rec.label}\t{rec.base_url}\tpid={rec.server_pid}\t{'alive' if alive else 'gone'}\t{rec.identity}")
+        state = ("alive" if process_started(rec.server_pid) is not None else "gone") if _local(rec) else "elsewhere"
+        node = rec.node or this_node()
+        print(f"{rec.label}\t{node}\t{rec.base_url}\tpid={rec.server_pid}\t{state}\t{rec.identity}")
     return 0
 
 

@@ -35,6 +35,19 @@ config.update(_validated)
 report: "workflow/report/workflow.rst"
 
 
+# On a cluster (workflow/profiles/slurm) these run where Snakemake runs: they read the shared results folder
+# and the tracking server, not a GPU.
+localrules:
+    all,
+    crossover,
+    refine,
+    schedule,
+    crossover_variant,
+    compare,
+    track_sweep,
+    track_crossover,
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/cell.smk"

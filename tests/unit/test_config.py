@@ -121,3 +121,19 @@ def test_a_bad_trace_stops_at_config_time_naming_file_and_line(tmp_path) -> None
     assert "name a Mooncake JSONL trace" in bad(
         load={"mode": "trace"}, policy={"measure": False}, analysis={"primary_metric": "tpot_p50_s"}
     )
+
+
+def test_cluster_resources_per_variant_and_no_cell_depends_on_them() -> None:
+    cfg = copy.deepcopy(GOOD)
+    tp8 = {"engine": "sglang", "model": "/models/m", "tp": 8, "slurm": {"partition": "gpu", "runtime_min": 30}}
+    cfg["variants"]["tp8"] = tp8
+    v = ssconfig.validate(cfg)
+    assert ssconfig.slurm_resources(v, "tp8")["gpu"] == 8  # GPUs default to tp for SGLang
+    assert ssconfig.slurm_resources(v, "tp8")["slurm_partition"] == "gpu"
+    assert ssconfig.slurm_resources(v, "tp8")["runtime"] == 30
+    sim = ssconfig.slurm_resources(v, "sim")
+    assert sim["gpu"] is None and sim["mem_mb"] == 0 and sim["cpus_per_task"] == 4  # 0 - the cluster's default
+    moved = copy.deepcopy(v)
+    moved["variants"]["sim"]["slurm"]["partition"] = "other"
+    assert ssconfig.cell_spec(v, "sim", "eagle3", 4) == ssconfig.cell_spec(moved, "sim", "eagle3", 4)
+    assert "bogus" in bad(variants={"sim": {"engine": "sim", "slurm": {"bogus": 1}}})

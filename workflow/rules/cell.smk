@@ -25,6 +25,18 @@ rule cell:
         "../envs/specsweep.yaml"
     resources:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
+        # one cell at a time per server: on a cluster, a server's cells run one after another in its job
+        # (workflow/profiles/slurm groups them and scopes this resource to the job)
+        server=1,
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
     params:
         spec=cell_spec_json,
         out_dir=lambda w: RES / w.variant / w.arm / w.level,

@@ -16,6 +16,7 @@ from specsweep.config import (
     policy_arms,
     requests_for,
     server_group_priority,
+    slurm_resources,
     startup_timeout_s,
     tracking_spec,
 )
@@ -201,6 +202,11 @@ def builder_input(wildcards):
 def cell_spec_json(wildcards):
     served = policy_entry(wildcards.variant, wildcards.arm) if wildcards.arm in POLICY_ARMS else None
     return dumps(cell_spec(config, wildcards.variant, wildcards.arm, parse_level(wildcards.level)[1], served))
+
+
+def slurm(name):
+    """One of the variant's cluster-job resources (config variants.<name>.slurm); local runs ignore them."""
+    return lambda w: slurm_resources(config, known("variant", w.variant, VARIANTS))[name]
 
 
 def cell_priority(wildcards):

@@ -18,6 +18,17 @@ rule env:
         RES / "benchmarks" / "env.{variant}.tsv"
     conda:
         "../envs/specsweep.yaml"
+    resources:
+        # on a cluster, on a node like the servers' (the fingerprint reads its GPUs and driver)
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
     params:
         args=fingerprint_args,
         envs_root=Path(config["envs_dir"] or Path(config["results_dir"]) / "_envs"),
@@ -38,6 +49,17 @@ rule model:
         RES / "benchmarks" / "model.{variant}.tsv"
     conda:
         "../envs/specsweep.yaml"
+    resources:
+        # on a cluster, on a node like the servers' (the fingerprint reads its GPUs and driver)
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
     params:
         builder=lambda w: config["variants"][known("variant", w.variant, VARIANTS)]["model_builder"],
         out_dir=lambda w: RES / "models" / w.variant,

@@ -461,8 +461,9 @@ def variant_for_server(spec_or_config: dict[str, Any], variant_name: str, absolu
 
 def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
     """The variant without other arms' extra arguments, so changing one arm never reruns another's cells, and
-    without its start-up timeout (how long to wait for a server changes no measurement)."""
-    out = {k: v for k, v in variant.items() if k != "startup_timeout_s"}
+    without its start-up timeout and cluster resources (how long to wait for a server, or where its job runs,
+    changes no measurement; the node a cell ran on is in its summary)."""
+    out = {k: v for k, v in variant.items() if k not in ("startup_timeout_s", "slurm")}
     out["arm_server_args"] = {k: v for k, v in variant.get("arm_server_args", {}).items() if k == arm}
     return out
 
@@ -562,6 +563,24 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
 def startup_timeout_s(config: dict[str, Any], variant: str) -> int:
     """The variant's server start-up timeout (a resource of the cell rule, so changing it reruns nothing)."""
     return math.ceil(config["variants"][variant]["startup_timeout_s"])
+
+
+def slurm_resources(config: dict[str, Any], variant: str) -> dict[str, Any]:
+    """The variant's job resources in the SLURM executor plugin's names (None: the cluster's default)."""
+    v = config["variants"][variant]
+    s = v["slurm"]
+    gpus = s["gpus"] if s["gpus"] is not None else (v["tp"] if v["engine"] == "sglang" else None)
+    return {
+        "slurm_partition": s["partition"],
+        "slurm_account": s["account"],
+        "gpu": gpus or None,
+        "cpus_per_task": s["cpus_per_task"],
+        "mem_mb": s["mem_mb"],
+        "runtime": s["runtime_min"],
+        "constraint": s["constraint"],
+        "qos": s["qos"],
+        "slurm_extra": s["extra"],
+    }
 
 
 def dumps(obj: Any) -> str:

@@ -1,0 +1,79 @@
+"""A real single-node SLURM cluster (tests/services/slurm.sh) for the tier, and Snakemake runs through it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SNAKEMAKE
+
+SCRIPT = REPO / "tests" / "services" / "slurm.sh"
+PACKAGES = "slurmctld slurmd slurmdbd slurm-client munge mariadb-server"
+DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "munged", "mariadbd")
+EXP = "slurm-ci"
+
+
+def missing_reason() -> str | None:
+    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    if missing:
+        return f"SLURM packages not installed ({', '.join(missing)} missing): apt-get install {PACKAGES}"
+    if os.geteuid() != 0:
+        return "the test cluster's daemons need root"
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        return "snakemake-executor-plugin-slurm is not installed: pip install -e '.[slurm]'"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The cluster's client environment (SLURM_CONF); the cluster is stopped after the tier, whatever happened."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("slurm")
+    up = subprocess.run(["bash", str(SCRIPT), "up", str(state)], capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, f"the test cluster did not come up:\n{up.stdout}\n{up.stderr}"
+        yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down", str(state)], capture_output=True, text=True, timeout=120)
+
+
+def snakemake_cmd(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The default experiment laid over with tests/slurm/cluster.yaml, through the SLURM profile."""
+    return [
+        *SNAKEMAKE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "--workflow-profile",
+        str(REPO / "workflow" / "profiles" / "slurm"),
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        str(REPO / "tests" / "slurm" / "cluster.yaml"),
+        "--config",
+        f"mlflow={{tracking_uri: 'sqlite:///{workdir}/results/mlflow.db'}}",
+        # the test cluster answers at once: poll it every few seconds rather than the plugin's 40 s
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--seconds-between-status-checks",
+        "3",
+        *extra,
+        *targets,
+    ]
+
+
+def sacct(env: dict[str, str], *job_ids: str) -> list[dict[str, str]]:
+    """One row per job (no steps): id, state, node, elapsed, time limit, resources, and the group it ran."""
+    fields = ["JobIDRaw", "State", "NodeList", "Elapsed", "Timelimit", "AllocTRES", "Comment"]
+    cmd = ["sacct", "-X", "--parsable2", "--noheader", f"--format={','.join(fields)}"]
+    if job_ids:
+        cmd += ["-j", ",".join(job_ids)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30, check=True).stdout
+    return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]

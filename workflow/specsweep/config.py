@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from specsweep.redact import split_uri_credentials
+
 if TYPE_CHECKING:
     from specsweep.client.datasets import Dataset
 
@@ -548,11 +550,13 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
 
 def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
     """What the MLflow jobs read besides the files they log: where to log, under which experiment, and the
-    gates and SLOs the logged cells are judged by."""
+    gates and SLOs the logged cells are judged by. The tracking URI without a user:password@ of its own: the
+    spec is a rule param, which Snakemake prints (the jobs get the credential from the environment,
+    `tracking.credentials_to_env`)."""
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
-        "mlflow": config["mlflow"],
+        "mlflow": {**config["mlflow"], "tracking_uri": split_uri_credentials(config["mlflow"]["tracking_uri"])[0]},
         "gates": config["gates"],
         "slo": config["slo"],
         # the charts of the experiment's saved MLflow view (specsweep.mlflow_view)

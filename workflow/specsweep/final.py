@@ -8,7 +8,7 @@ from typing import Any
 from specsweep.analysis.table import format_table
 from specsweep.io import read_json
 from specsweep.mlflow_view import VIEW_NAME
-from specsweep.tracking import ui_command, ui_view_url
+from specsweep.tracking import is_server_uri, ui_base, ui_command, ui_view_url
 
 
 def _table(path: Path) -> str:
@@ -41,11 +41,15 @@ def final_text(config: dict[str, Any]) -> str:
         lines.append(f"variants compared arm by arm: {comparison} (plots beside it)")
     lines.append(f"results: {res.resolve()}")
     if config["mlflow"]["enabled"]:
-        lines.append(f"MLflow UI: {ui_command(config)}   (then open http://127.0.0.1:5000)")
+        base = ui_base(config)  # never a user:password@ of the configured URI
+        if is_server_uri(base):
+            lines.append(f"MLflow UI: {base}   (the tracking server)")
+        else:
+            lines.append(f"MLflow UI: {ui_command(config)}   (then open {base})")
         marker = next(iter(sorted(res.glob("*/*/mlflow_sweep.json"))), None)
         exp_id = read_json(marker).get("experiment_id") if marker else None
         if exp_id:
-            lines.append(f"  arms against C on a log axis: {ui_view_url(str(exp_id))}  (Views > {VIEW_NAME!r})")
+            lines.append(f"  arms against C on a log axis: {ui_view_url(str(exp_id), base)}  (Views > {VIEW_NAME!r})")
     lines.append("=" * 100)
     return "\n".join(lines)
 

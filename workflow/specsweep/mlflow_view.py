@@ -109,6 +109,22 @@ def view_tag(speculative_arms: list[str], policy_arms: list[str], now_ms: int | 
     return TAG_PREFIX + VIEW_KEY, json.dumps(envelope, separators=(",", ":"))
 
 
+def view_arms(tag_value: str) -> tuple[list[str], list[str]]:
+    """The (speculative, policy) arms a saved view's tag value draws charts for (`charts` read back); none
+    from a value that is not such a view (edited by hand, another format)."""
+    try:
+        state = json.loads(json.loads(tag_value)["state"])
+        uuids = [str(c.get("uuid", "")) for c in state.get("compareRunCharts") or []]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [], []
+    arms: tuple[list[str], list[str]] = ([], [])
+    for uuid in uuids:
+        for out, suffix in zip(arms, ("-speedup", "-regret"), strict=True):
+            if uuid.startswith("specsweep-") and uuid.endswith(suffix):
+                out.append(uuid[len("specsweep-") : -len(suffix)])
+    return arms
+
+
 def view_url(base: str, experiment_id: str) -> str:
     """The URL that opens the experiment's runs page on the saved view (the Views menu shows the same)."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}&compareRunsMode=CHART"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--token"}
 MASK = "***"
+# the password of a URI's userinfo (`http://user:pw@host`), wherever such a URI appears in a text
+URI_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]+)@")
 
 
 class MissingAPIKey(ValueError):
@@ -57,10 +60,29 @@ def secret_values() -> list[str]:
 
 
 def redact_text(text: str) -> str:
-    """Replace every secret value found in the environment by the mask."""
+    """Replace every secret value found in the environment, and every password embedded in a URI, by the mask."""
     for value in secret_values():
         text = text.replace(value, MASK)
-    return text
+    return redact_uri(text)
+
+
+def redact_uri(text: str) -> str:
+    """`http://user:pw@host/...` -> `http://user:***@host/...` (in a URI or any text holding one)."""
+    return URI_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
+
+
+def split_uri_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(the URI without its userinfo, user name, password); the last two None when it carries none.
+
+    Why: a credential inside a URI travels wherever the URI does (rule params that Snakemake prints, marker
+    files, log lines); split off, it can be handed on the way MLflow takes it, in environment variables."""
+    parts = urlsplit(uri)
+    if not parts.scheme or "@" not in parts.netloc:
+        return uri, None, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return bare, unquote(user) or None, unquote(password) or None
 
 
 def safe_environ(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -5,22 +5,33 @@ chart view draws curves against concurrency, variants side by side), the *cell* 
 *crossover* run per variant. Logging is idempotent: a cell whose summary.json is unchanged keeps its run; a
 re-measured cell gets a new run tagged with its cell key, and the run it replaces is marked superseded and
 deleted (restorable in MLflow; the files it came from were overwritten by the rerun anyway).
+
+Only a complete run is kept: `finish` is a run's last write, so the run of a job that an outage cut short
+(status still RUNNING) is replaced by the rerun, not reused. Jobs logging the same content at the same time
+(two checkouts, a job retried while its first try still runs) settle on one run: after logging, the runs of
+the key are read again and every job keeps the complete one with the lowest id (`Tracker.settle`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
+import os
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from specsweep.config import LEVEL_PREFIX, defaults, load_arg
 from specsweep.io import atomic_write_json, read_json
-from specsweep.mlflow_view import view_tag, view_url
+from specsweep.mlflow_view import view_arms, view_tag, view_url
+from specsweep.redact import redact_text, redact_uri, split_uri_credentials
 from specsweep.run_notes import cell_note, crossover_note, sweep_note
 from specsweep.stack_facts import stack_facts
 from specsweep.summary import cell_level, cell_step, level_step, read_judged
@@ -29,6 +40,21 @@ TAG = "specsweep"
 NOTE = "mlflow.note.content"  # the run's description on its page
 # bumped when the run layout changes, so unchanged results are re-logged once in the new layout
 LAYOUT = "layout-2"
+# MLflow's own variables: the credentials of a tracking server, and how long one request may take
+USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+HTTP_ENV = {"http_max_retries": "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "http_timeout_s": "MLFLOW_HTTP_REQUEST_TIMEOUT"}
+# what a request that never got an answer says (requests/urllib3 through MLflow's "failed with exception")
+UNREACHABLE = (
+    "Max retries exceeded",
+    "Connection refused",
+    "Failed to establish",
+    "timed out",
+    "Connection aborted",
+    "RemoteDisconnected",
+    "Connection reset",
+    "too many 5",
+)
+AUTH_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
 
 
 def resolve_tracking_uri(uri: str) -> str:
@@ -41,13 +67,47 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
+def is_server_uri(uri: str) -> bool:
+    """A tracking server (http/https), as opposed to a store this process writes itself (sqlite, files)."""
+    return urlsplit(uri).scheme in ("http", "https")
+
+
+def credentials_to_env(uri: str) -> str:
+    """The tracking URI without a user:password@ of its own; those go to MLflow's variables instead
+    (MLFLOW_TRACKING_USERNAME / _PASSWORD), which this process and the jobs it starts read. Why: in the URI the
+    password would travel into marker files, rule params Snakemake prints, and MLflow's "View run at" lines."""
+    bare, user, password = split_uri_credentials(uri)
+    if user:
+        os.environ[USER_ENV] = user
+    if password:
+        os.environ[PASSWORD_ENV] = password
+    return bare
+
+
+def http_env(mlflow_cfg: dict[str, Any]) -> None:
+    """Few retries and a bounded wait per request (`mlflow.http_*`): with MLflow's defaults (7 retries with
+    back-off, 120 s a request) a job against a server that is down hangs for minutes before it fails."""
+    base = defaults("mlflow")
+    for key, var in HTTP_ENV.items():
+        os.environ[var] = str(mlflow_cfg.get(key, base[key]))
+
+
 def ui_command(config: dict[str, Any]) -> str:
-    uri = resolve_tracking_uri(config["mlflow"]["tracking_uri"])
+    """How to open the UI: a local store needs `mlflow ui` on it; a tracking server is its own UI."""
+    uri = resolve_tracking_uri(split_uri_credentials(config["mlflow"]["tracking_uri"])[0])
+    if is_server_uri(uri):
+        return uri
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
 
 
+def ui_base(config: dict[str, Any]) -> str:
+    """The UI's address: the tracking server's, or the one `ui_command` serves a local store on."""
+    uri = split_uri_credentials(config["mlflow"]["tracking_uri"])[0]
+    return uri if is_server_uri(uri) else "http://127.0.0.1:5000"
+
+
 def ui_view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
-    """Where the printed UI command's server shows the experiment's saved view of the curves."""
+    """Where the UI shows the experiment's saved view of the curves."""
     return view_url(base, experiment_id)
 
 
@@ -71,48 +131,134 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.config = config
-        self.uri = resolve_tracking_uri(config["mlflow"]["tracking_uri"])
+        self.uri = credentials_to_env(resolve_tracking_uri(config["mlflow"]["tracking_uri"]))
+        http_env(config["mlflow"])
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment_id = self._experiment()
-        self._save_view()
+        self.save_view()
 
     def _experiment(self) -> str:
+        """The experiment's id: found, restored when deleted, or created. Jobs of one experiment start together
+        (every arm's sweep, other checkouts logging to the same server), so each step may find that another
+        job got there first: a create answered RESOURCE_ALREADY_EXISTS, a restore of one already restored."""
+        from mlflow.exceptions import MlflowException
+
         name = self.config["experiment"]
-        exp = self.client.get_experiment_by_name(name)
-        if exp is not None:
-            if exp.lifecycle_stage == "deleted":
-                self.client.restore_experiment(exp.experiment_id)
-            return exp.experiment_id
-        artifacts = (Path(self.config["results_dir"]) / "mlartifacts" / name).resolve()
+        # A server keeps artifacts where it was told (--artifacts-destination, proxied: every client reaches
+        # them); a local store keeps them next to the results.
+        artifacts = None
+        if not is_server_uri(self.uri):
+            artifacts = (Path(self.config["results_dir"]) / "mlartifacts" / name).resolve().as_uri()
         # The UI opens on the runs table (not the GenAI overview) for model-development experiments.
         tags = {"mlflow.experimentKind": "custom_model_development", f"{TAG}.experiment": name}
-        try:
-            return self.client.create_experiment(name, artifact_location=artifacts.as_uri(), tags=tags)
-        except Exception:  # created concurrently by another tracking job
+        for _ in range(3):
             exp = self.client.get_experiment_by_name(name)
+            if exp is not None and exp.lifecycle_stage == "deleted":
+                with contextlib.suppress(MlflowException):  # restored meanwhile by another job: checked below
+                    self.client.restore_experiment(exp.experiment_id)
+                exp = self.client.get_experiment(exp.experiment_id)
+            if exp is not None and exp.lifecycle_stage == "active":
+                return exp.experiment_id
             if exp is None:
-                raise
-            return exp.experiment_id
+                try:
+                    return self.client.create_experiment(name, artifact_location=artifacts, tags=tags)
+                except MlflowException as exc:
+                    if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                        raise
+        raise RuntimeError(f"MLflow experiment {name!r} could not be found, restored or created (deleted again?)")
 
-    def _save_view(self) -> None:
-        """The experiment's saved view (`mlflow_view`): rewritten only when its charts change."""
+    def save_view(self) -> None:
+        """The experiment's saved view (`mlflow_view`) with this config's arms joined to those already in it,
+        rewritten only when its charts change. Why joined: two checkouts logging variants of one experiment
+        with different arms would otherwise take each other's charts away, the last job winning. A write
+        that races another (both read the old view) can still lose an arm: `run` calls this again when a
+        job ends, seconds later, which puts it back."""
+        from mlflow.exceptions import MlflowException
+
         arms = self.config.get("view_arms") or {}
-        key, value = view_tag(list(arms.get("speculative") or []), list(arms.get("policy") or []))
-        current = self.client.get_experiment(self.experiment_id).tags.get(key)
-        if current is None or json.loads(current).get("state") != json.loads(value)["state"]:
-            self.client.set_experiment_tag(self.experiment_id, key, value)
+        mine = (list(arms.get("speculative") or []), list(arms.get("policy") or []))
+        for attempt in range(3):
+            key, _ = view_tag([], [])
+            current = self.client.get_experiment(self.experiment_id).tags.get(key)
+            have = view_arms(current) if current else ([], [])
+            want = [h + [a for a in m if a not in h] for h, m in zip(have, mine, strict=True)]
+            key, value = view_tag(*want)
+            if current is not None and _view_state(current) == json.loads(value)["state"]:
+                return
+            try:
+                self.client.set_experiment_tag(self.experiment_id, key, value)
+                return
+            except MlflowException:  # another job's first write of the tag won the insert: read it again
+                if attempt == 2:
+                    raise
 
     def active_runs(self, **tags: str) -> list[Any]:
         flt = " and ".join(f"tags.`{TAG}.{k}` = '{v}'" for k, v in tags.items())
         return self.client.search_runs([self.experiment_id], filter_string=flt, max_results=1000)
 
     def retire(self, runs: list[Any], keep: str, why: str) -> None:
+        """Mark every run but `keep` superseded and delete it (restorable in MLflow). A run another job
+        retired meanwhile is skipped."""
+        from mlflow.exceptions import MlflowException
+
         for run in runs:
-            if run.info.run_id != keep:
+            if run.info.run_id == keep:
+                continue
+            try:
                 self.client.set_tag(run.info.run_id, f"{TAG}.superseded_by", keep)
                 self.client.set_tag(run.info.run_id, f"{TAG}.superseded_reason", why)
                 self.client.delete_run(run.info.run_id)
+            except MlflowException as exc:
+                if not self._deleted(run.info.run_id, exc):
+                    raise
+
+    def _deleted(self, run_id: str, exc: Exception) -> bool:
+        """Whether a write into `run_id` failed because another job retired the run; when even asking fails
+        (the server is down), the write's own error is the one to tell."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "deleted"
+        except MlflowException:
+            raise exc from None
+
+    @staticmethod
+    def reusable(runs: list[Any], digest_tag: str, digest: str) -> str | None:
+        """The run of this content that every job agrees to keep: among the complete ones (FINISHED), the
+        lowest id. A run an interrupted job left RUNNING never counts."""
+        done = sorted(
+            r.info.run_id
+            for r in runs
+            if r.info.status == "FINISHED" and r.data.tags.get(f"{TAG}.{digest_tag}") == digest
+        )
+        return done[0] if done else None
+
+    @contextlib.contextmanager
+    def writing(self, run_id: str) -> Iterator[None]:
+        """The writes into a new run. A concurrent job logging the same content may retire this run once its own
+        copy is complete (`settle`); the remaining writes then fail and are moot: `settle` keeps that copy."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            yield
+        except MlflowException as exc:
+            if not self._deleted(run_id, exc):
+                raise
+
+    def settle(self, key: dict[str, str], digest_tag: str, digest: str, why: str) -> str:
+        """After logging a run: the one run of its key to keep (`reusable`), every other retired, among them
+        the run of an interrupted job and the copy of a job logging the same content at the same time. The
+        runs are read again, not taken from before: such a job may have finished its copy meanwhile."""
+        runs = self.active_runs(**key)
+        keep = self.reusable(runs, digest_tag, digest)
+        if keep is not None:
+            self.retire(runs, keep=keep, why=why)
+        if keep is None or self.client.get_run(keep).info.lifecycle_stage != "active":
+            raise RuntimeError(
+                f"the MLflow run of {key} was retired by another job logging it at the same time; rerun to log it once"
+            )
+        return keep
 
     def new_run(
         self,
@@ -144,7 +290,16 @@ class Tracker:
         return run_id
 
     def finish(self, run_id: str, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
+        """A run's last write: from here on it is complete (`reusable`)."""
         self.client.set_terminated(run_id, status=status, end_time=end_time_ms)
+
+
+def _view_state(tag_value: str) -> str | None:
+    """The UI state inside a saved view's tag value (None for one that is not such JSON)."""
+    try:
+        return json.loads(tag_value).get("state")
+    except (ValueError, AttributeError):
+        return None
 
 
 def cell_run_name(variant: str, arm: str, concurrency: int, load: str = "closed", level: float | None = None) -> str:
@@ -278,10 +433,10 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
     judgement = json.dumps(summary.get("judged_with"), sort_keys=True).encode()
     digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement + LAYOUT.encode()).hexdigest()
     existing = tracker.active_runs(cell_key=key)
-    for run in existing:
-        if run.data.tags.get(f"{TAG}.summary_sha256") == digest:
-            tracker.retire(existing, keep=run.info.run_id, why="duplicate")
-            return run.info.run_id
+    kept = tracker.reusable(existing, "summary_sha256", digest)
+    if kept is not None:
+        tracker.retire(existing, keep=kept, why="duplicate")
+        return kept
     validity = summary["validity"]
     cell = summary["cell"]
     tags = {
@@ -302,13 +457,13 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
         cell["variant"], cell["arm"], cell["concurrency"], cell.get("load", "closed"), cell.get("level")
     )
     run_id = tracker.new_run(name, tags, cell_params(summary), cell_metrics(summary), start_time_ms=start_ms)
-    dataset = prompt_dataset(summary)
-    if dataset is not None:
-        tracker.client.log_inputs(run_id, datasets=[dataset])
-    tracker.client.log_artifact(run_id, str(summary_path))
-    tracker.finish(run_id, end_time_ms=end_ms)
-    tracker.retire(existing, keep=run_id, why="cell re-measured or re-judged")
-    return run_id
+    with tracker.writing(run_id):
+        dataset = prompt_dataset(summary)
+        if dataset is not None:
+            tracker.client.log_inputs(run_id, datasets=[dataset])
+        tracker.client.log_artifact(run_id, str(summary_path))
+        tracker.finish(run_id, end_time_ms=end_ms)
+    return tracker.settle({"cell_key": key}, "summary_sha256", digest, why="cell re-measured or re-judged")
 
 
 def measured_span(summaries: list[dict[str, Any]]) -> tuple[int | None, int | None]:
@@ -340,8 +495,10 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     sweep_key = f"{experiment}/{variant}/{arm}"
     digest = hashlib.sha256((json.dumps(sorted(cell_runs.items())) + LAYOUT).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
-    sweep_id = next((r.info.run_id for r in existing if r.data.tags.get(f"{TAG}.cells_sha256") == digest), None)
-    if sweep_id is None:
+    sweep_id = tracker.reusable(existing, "cells_sha256", digest)
+    if sweep_id is not None:
+        tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
+    else:
         first = summaries[0] if summaries else {}
         invalid = {
             _level_text(s["cell"]): "; ".join(s["validity"].get("reasons") or [])
@@ -362,12 +519,13 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
         params = {"variant": variant, "arm": arm, **sweep_params(summaries)} if summaries else {"arm": arm}
         start_ms, end_ms = measured_span(summaries)
         sweep_id = tracker.new_run(f"{variant}/{arm} sweep", tags, params, {}, steps, start_time_ms=start_ms)
-        tracker.client.log_dict(sweep_id, prompt_sets_by_level(summaries), "prompt_sets.json")
-        fingerprint = (first.get("stack") or {}).get("fingerprint")
-        if fingerprint and Path(fingerprint).is_file():
-            tracker.client.log_artifact(sweep_id, fingerprint, artifact_path="stack")
-        tracker.finish(sweep_id, end_time_ms=end_ms)
-    tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
+        with tracker.writing(sweep_id):
+            tracker.client.log_dict(sweep_id, prompt_sets_by_level(summaries), "prompt_sets.json")
+            fingerprint = (first.get("stack") or {}).get("fingerprint")
+            if fingerprint and Path(fingerprint).is_file():
+                tracker.client.log_artifact(sweep_id, fingerprint, artifact_path="stack")
+            tracker.finish(sweep_id, end_time_ms=end_ms)
+        sweep_id = tracker.settle({"sweep_key": sweep_key}, "cells_sha256", digest, why="sweep re-logged")
     for run_id in cell_runs.values():
         tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
     return {
@@ -391,9 +549,10 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode() + LAYOUT.encode()).hexdigest()
     key = f"{experiment}/{variant}"
     existing = tracker.active_runs(crossover_key=key)
-    for run in existing:
-        if run.data.tags.get(f"{TAG}.content_sha256") == digest:
-            return {"crossover_run_id": run.info.run_id, "cell_run_ids": cell_runs}
+    kept = tracker.reusable(existing, "content_sha256", digest)
+    if kept is not None:
+        tracker.retire(existing, keep=kept, why="duplicate")
+        return {"crossover_run_id": kept, "cell_run_ids": cell_runs}
     metrics: dict[str, float] = {}
     for arm_name, result in (data.get("arms") or {}).items():
         flatten(arm_name, _crossover_numbers(result), metrics)
@@ -429,20 +588,22 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     run_id = tracker.new_run(
         f"{variant} crossover", tags, {k: v for k, v in params.items() if v}, metrics, start_time_ms=start_ms
     )
-    curves = _curves(data)
-    for i in range(0, len(curves), 1000):  # MLflow takes at most 1000 metrics per batch
-        tracker.client.log_batch(run_id, metrics=curves[i : i + 1000])
-    out_dir = crossover_path.parent
-    tracker.client.log_artifact(run_id, str(crossover_path))
-    for name in ("policy.yaml", "crossover_table.csv"):
-        if (out_dir / name).is_file():
-            tracker.client.log_artifact(run_id, str(out_dir / name))
-    if (out_dir / "plots").is_dir():  # not Snakemake's .snakemake_timestamp of the directory output
-        for plot in sorted(p for p in (out_dir / "plots").iterdir() if p.is_file() and not p.name.startswith(".")):
-            tracker.client.log_artifact(run_id, str(plot), artifact_path="plots")
-    tracker.client.log_dict(run_id, {"cell_run_ids": cell_runs, "sweeps": sweeps}, "cell_runs.json")
-    tracker.finish(run_id, end_time_ms=end_ms)
-    tracker.retire(existing, keep=run_id, why="crossover recomputed")
+    with tracker.writing(run_id):
+        curves = _curves(data)
+        for i in range(0, len(curves), 1000):  # MLflow takes at most 1000 metrics per batch
+            tracker.client.log_batch(run_id, metrics=curves[i : i + 1000])
+        out_dir = crossover_path.parent
+        tracker.client.log_artifact(run_id, str(crossover_path))
+        for name in ("policy.yaml", "crossover_table.csv"):
+            if (out_dir / name).is_file():
+                tracker.client.log_artifact(run_id, str(out_dir / name))
+        if (out_dir / "plots").is_dir():  # not Snakemake's .snakemake_timestamp of the directory output
+            plots = sorted(p for p in (out_dir / "plots").iterdir() if p.is_file() and not p.name.startswith("."))
+            for plot in plots:
+                tracker.client.log_artifact(run_id, str(plot), artifact_path="plots")
+        tracker.client.log_dict(run_id, {"cell_run_ids": cell_runs, "sweeps": sweeps}, "cell_runs.json")
+        tracker.finish(run_id, end_time_ms=end_ms)
+    run_id = tracker.settle({"crossover_key": key}, "content_sha256", digest, why="crossover recomputed")
     return {"crossover_run_id": run_id, "cell_run_ids": cell_runs}
 
 
@@ -541,17 +702,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cx.add_argument("sweeps", nargs="+", type=Path)
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """A request that got no answer, or only a gateway's "unavailable" (the server behind it is down)."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+        return True
+    status = getattr(exc, "get_http_status_code", lambda: None)()
+    return any(s in str(exc) for s in UNREACHABLE) or status in (502, 503, 504)
+
+
+def failure_text(exc: BaseException, config: dict[str, Any]) -> str:
+    """One line for a tracking job that could not log: where (the server, credentials masked), what went
+    wrong, the fix, and that nothing measured is lost (MLflow is fed from the local files)."""
+    uri = redact_uri(split_uri_credentials(resolve_tracking_uri(config["mlflow"]["tracking_uri"]))[0])
+    where = f"the MLflow server at {uri}" if is_server_uri(uri) else f"the MLflow store {uri}"
+    detail = redact_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:500]
+    code = getattr(exc, "error_code", None)
+    rerun = "rerun the same snakemake command"
+    if code in AUTH_CODES:
+        problem = f"refused this job's credentials ({code})"
+        fix = (
+            f"export {USER_ENV} and {PASSWORD_ENV} (or MLFLOW_TRACKING_TOKEN) of an account that may edit the "
+            f"experiment, then {rerun}"
+        )
+    elif _unreachable(exc):
+        problem = "cannot be reached"
+        fix = f"start it (or correct mlflow.tracking_uri), then {rerun}"
+    else:
+        problem = "failed"
+        fix = f"see the error above; once it is fixed, {rerun}"
+    results = Path(config["results_dir"]) / config["experiment"]
+    return (
+        f"specsweep track: {where} {problem}: {detail}. Fix: {fix}. Nothing measured is lost: the results under "
+        f"{results}/ stay as they are, and the rerun runs only the MLflow jobs, which log each cell once."
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_arg(args.config)
-    tracker = Tracker(config)
-    if args.what == "sweep" and not args.summaries:  # a policy arm whose family got no schedule: nothing to log
-        note = "no cells: the arm served no schedule"
-        marker = {"arm": args.arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
-    elif args.what == "sweep":
-        marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
-    else:
-        marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))
-    marker["tracking_uri"] = tracker.uri
+    try:
+        tracker = Tracker(config)
+        if args.what == "sweep" and not args.summaries:  # a policy arm whose family got no schedule: nothing to log
+            note = "no cells: the arm served no schedule"
+            marker = {"arm": args.arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
+        elif args.what == "sweep":
+            marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
+        else:
+            marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))
+        tracker.save_view()  # again: a concurrent job's write may have taken this config's arms away
+    except Exception as exc:
+        if not (_unreachable(exc) or getattr(exc, "error_code", None) in AUTH_CODES):  # a bug: its traceback helps
+            print(redact_text(traceback.format_exc()), file=sys.stderr)
+        print(failure_text(exc, config), file=sys.stderr, flush=True)
+        return 1
+    marker["tracking_uri"] = redact_uri(tracker.uri)
     atomic_write_json(args.out, marker)
     print(json.dumps(marker, indent=2))
     return 0

@@ -38,6 +38,10 @@ from tests.conftest import PYTHON, REPO, SNAKEMAKE
 PG_SCRIPT = REPO / "tests" / "services" / "postgres.sh"
 TINY = REPO / "tests" / "pipeline" / "tiny.yaml"
 ADMIN = "admin"
+TEAM = ("alice", "bob")  # users of their own for the two checkouts of test_outage.py
+# what the README recommends for a team sharing experiments: specsweep deletes the runs it supersedes, which
+# takes MANAGE on the experiment (EDIT logs, but fails the first retire in a teammate's experiment)
+DEFAULT_PERMISSION = "MANAGE"
 # variables the server and the "no credentials" clients must not inherit from the test's environment
 CLIENT_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_URI")
 
@@ -80,18 +84,30 @@ class MlflowServer:
         self.log = root / "mlflow-server.log"
         # unique, so a leak is found by searching for it (test_credentials.py)
         self.password = f"pw-{secrets.token_hex(12)}"
+        self.passwords = {ADMIN: self.password} | {u: f"pw-{u}-{secrets.token_hex(12)}" for u in TEAM}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def env(self, **extra: str) -> dict[str, str]:
-        """A client's environment: the admin's credential in MLflow's variables."""
-        return {**base_env(), "MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": self.password, **extra}
+    def env(self, user: str = ADMIN) -> dict[str, str]:
+        """A client's environment: the user's credential in MLflow's variables."""
+        return {**base_env(), "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": self.passwords[user]}
+
+    def add_users(self) -> None:
+        """The team's users, created by the admin through the auth app's API."""
+        from unittest import mock
+
+        from mlflow.server import get_app_client
+
+        with mock.patch.dict(os.environ, self.env()):
+            auth = get_app_client("basic-auth", tracking_uri=self.url)
+            for user in TEAM:
+                auth.create_user(user, self.passwords[user])
 
     def start(self, timeout_s: float = 120) -> None:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         auth_ini = self.root / "basic_auth.ini"
         # users and permissions in the same database (their own tables); password checks cached (PBKDF2 is slow)
         auth_ini.write_text(
-            "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+            f"[mlflow]\ndefault_permission = {DEFAULT_PERMISSION}\n"
             f"database_uri = {self.db_uri}\nadmin_username = {ADMIN}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
             "auth_cache_ttl_seconds = 300\n"
@@ -156,6 +172,7 @@ def mlflow_server() -> Iterator[MlflowServer]:
         assert up.returncode == 0, f"postgres.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
         server = MlflowServer(root, up.stdout.strip().splitlines()[-1], free_port())
         server.start()
+        server.add_users()
         yield server
     finally:
         if server is not None:

@@ -34,17 +34,18 @@ from tests.mlflow_server.conftest import (
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.timeout(420)]
 
 EXP = "team"
-CHECKOUTS = {"a": ("sim-a", "eagle3"), "b": ("sim-b", "mtp")}  # checkout: (its variant, its speculative arm)
+# checkout: (its variant, its speculative arm, the teammate running it)
+CHECKOUTS = {"a": ("sim-a", "eagle3", "alice"), "b": ("sim-b", "mtp", "bob")}
 
 
-def _both(workdirs: dict[str, Path], env: dict[str, str], timeout: float = 300) -> dict[str, Any]:
-    """The same snakemake command in both checkouts, started together."""
-    procs = {
-        k: subprocess.Popen(
+def _both(workdirs: dict[str, Path], server: MlflowServer, timeout: float = 300) -> dict[str, Any]:
+    """The same snakemake command in both checkouts, started together, each as its teammate."""
+    procs = {}
+    for k, w in workdirs.items():
+        env = server.env(CHECKOUTS[k][2])
+        procs[k] = subprocess.Popen(
             snakemake_cmd(), cwd=w, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        for k, w in workdirs.items()
-    }
     out = {}
     for k, p in procs.items():
         text, _ = p.communicate(timeout=timeout)
@@ -60,7 +61,7 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
     # short after its metrics (left RUNNING), and everything after that finds the server down
     proxy.cut_at("/mlflow-artifacts/artifacts/", 2)
     workdirs = {}
-    for k, (variant, arm) in CHECKOUTS.items():
+    for k, (variant, arm, _) in CHECKOUTS.items():
         workdirs[k] = tmp_path / k
         write_config(
             workdirs[k],
@@ -70,16 +71,15 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
             arms={"baseline": {"speculative": False}, arm: {"speculative": True}},
             variants={variant: {"engine": "sim", "profile": "demo"}},
         )
-    env = mlflow_server.env()
     try:
-        first = _both(workdirs, env)
+        first = _both(workdirs, mlflow_server)
     finally:
         proxy.down()
     assert proxy.cut_done, "the outage never happened: no tracking job reached its second artifact upload"
 
     # down: every cell measured, every tracking job failed, saying which server and what to do
     for k, (rc, text) in first.items():
-        variant, arm = CHECKOUTS[k]
+        variant, arm, _ = CHECKOUTS[k]
         assert rc != 0, text[-3000:]
         cells = summaries(workdirs[k])
         assert sorted(cells) == sorted(f"{EXP}/{variant}/{a}/c{c}" for a in ("baseline", arm) for c in (1, 4))
@@ -100,6 +100,7 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
     cmd = [sys.executable, "-m", "specsweep", "track", "sweep", "--config", json.dumps(spec), "--variant", "sim-a"]
     cmd += ["--arm", "eagle3", "--out", str(tmp_path / "down.json"), *cells]
     t0 = time.monotonic()
+    env = mlflow_server.env("alice")
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1 and "cannot be reached" in proc.stderr, proc.stderr[-2000:]
@@ -109,7 +110,7 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
     # back: both checkouts rerun the same command at the same time
     proxy.up()
     try:
-        second = _both(workdirs, env)
+        second = _both(workdirs, mlflow_server)
     finally:
         proxy.down()
     for rc, text in second.values():

@@ -9,7 +9,7 @@ import os
 import pytest
 import requests
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import UNAUTHENTICATED
+from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, UNAUTHENTICATED
 
 from specsweep.config import tracking_spec
 from specsweep.final import final_text
@@ -78,10 +78,18 @@ def test_a_server_is_its_own_ui(tmp_path) -> None:
             "refused this job's credentials (UNAUTHENTICATED)",
             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
         ),
+        (
+            MlflowException("runs/delete failed with error code 403 != 200", error_code=PERMISSION_DENIED),
+            "refused bob a change to experiment 'exp' (PERMISSION_DENIED)",
+            "give bob MANAGE on the experiment",
+        ),
         (KeyError("cell"), "failed", "see the error above"),
     ],
 )
-def test_a_failed_job_names_the_server_and_the_fix(exc: BaseException, problem: str, fix: str) -> None:
+def test_a_failed_job_names_the_server_and_the_fix(
+    exc: BaseException, problem: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(USER_ENV, "bob")
     text = failure_text(exc, _config(URI))
     assert text.startswith("specsweep track: the MLflow server at https://mlflow.example.org:5000/prefix ")
     assert problem in text and fix in text

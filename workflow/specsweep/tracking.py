@@ -720,11 +720,15 @@ def failure_text(exc: BaseException, config: dict[str, Any]) -> str:
     detail = redact_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:500]
     code = getattr(exc, "error_code", None)
     rerun = "rerun the same snakemake command"
-    if code in AUTH_CODES:
+    if code == "UNAUTHENTICATED":
         problem = f"refused this job's credentials ({code})"
+        fix = f"export {USER_ENV} and {PASSWORD_ENV} (or MLFLOW_TRACKING_TOKEN) of an account on it, then {rerun}"
+    elif code == "PERMISSION_DENIED":
+        user = os.environ.get(USER_ENV) or "this job's user"
+        problem = f"refused {user} a change to experiment {config['experiment']!r} ({code})"
         fix = (
-            f"export {USER_ENV} and {PASSWORD_ENV} (or MLFLOW_TRACKING_TOKEN) of an account that may edit the "
-            f"experiment, then {rerun}"
+            f"give {user} MANAGE on the experiment (specsweep deletes the runs it supersedes; with basic auth, "
+            f"default_permission = MANAGE gives it to every user), then {rerun}"
         )
     elif _unreachable(exc):
         problem = "cannot be reached"

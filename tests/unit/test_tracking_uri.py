@@ -60,6 +60,13 @@ def test_a_server_is_its_own_ui(tmp_path) -> None:
     assert ui_base(local) == "http://127.0.0.1:5000"
 
 
+def _http_error(status: int) -> requests.HTTPError:
+    """What an artifact upload raises for a refused request (requests' raise_for_status)."""
+    response = requests.Response()
+    response.status_code = status
+    return requests.HTTPError(f"{status} Client Error for url: {URI}/api/2.0/mlflow-artifacts/...", response=response)
+
+
 @pytest.mark.parametrize(
     ("exc", "problem", "fix"),
     [
@@ -83,6 +90,8 @@ def test_a_server_is_its_own_ui(tmp_path) -> None:
             "refused bob a change to experiment 'exp' (PERMISSION_DENIED)",
             "give bob MANAGE on the experiment",
         ),
+        (_http_error(403), "refused bob a change to experiment 'exp' (PERMISSION_DENIED)", "MANAGE"),
+        (_http_error(503), "cannot be reached", "start it"),
         (KeyError("cell"), "failed", "see the error above"),
     ],
 )

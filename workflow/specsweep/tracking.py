@@ -702,14 +702,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cx.add_argument("sweeps", nargs="+", type=Path)
 
 
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind an error: MLflow's own (from its error code), or that of a requests.HTTPError
+    (artifact uploads and downloads raise those)."""
+    response = getattr(exc, "response", None)
+    if getattr(response, "status_code", None) is not None:
+        return int(response.status_code)
+    return getattr(exc, "get_http_status_code", lambda: None)()
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """MLflow's error code of the failure, an artifact request's 401/403 included."""
+    by_status = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}
+    return by_status.get(_http_status(exc) or 0, getattr(exc, "error_code", None))
+
+
 def _unreachable(exc: BaseException) -> bool:
     """A request that got no answer, or only a gateway's "unavailable" (the server behind it is down)."""
     import requests
 
     if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
         return True
-    status = getattr(exc, "get_http_status_code", lambda: None)()
-    return any(s in str(exc) for s in UNREACHABLE) or status in (502, 503, 504)
+    return any(s in str(exc) for s in UNREACHABLE) or _http_status(exc) in (502, 503, 504)
 
 
 def failure_text(exc: BaseException, config: dict[str, Any]) -> str:
@@ -718,7 +732,7 @@ def failure_text(exc: BaseException, config: dict[str, Any]) -> str:
     uri = redact_uri(split_uri_credentials(resolve_tracking_uri(config["mlflow"]["tracking_uri"]))[0])
     where = f"the MLflow server at {uri}" if is_server_uri(uri) else f"the MLflow store {uri}"
     detail = redact_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:500]
-    code = getattr(exc, "error_code", None)
+    code = _error_code(exc)
     rerun = "rerun the same snakemake command"
     if code == "UNAUTHENTICATED":
         problem = f"refused this job's credentials ({code})"
@@ -756,7 +770,7 @@ def run(args: argparse.Namespace) -> int:
             marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))
         tracker.save_view()  # again: a concurrent job's write may have taken this config's arms away
     except Exception as exc:
-        if not (_unreachable(exc) or getattr(exc, "error_code", None) in AUTH_CODES):  # a bug: its traceback helps
+        if not (_unreachable(exc) or _error_code(exc) in AUTH_CODES):  # a bug: its traceback helps
             print(redact_text(traceback.format_exc()), file=sys.stderr)
         print(failure_text(exc, config), file=sys.stderr, flush=True)
         return 1

@@ -137,23 +137,22 @@ class MlflowServer:
 
     def stop(self) -> None:
         """The server's whole process group (uvicorn and its workers): SIGTERM, then SIGKILL after 15 s."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # the master gone or not: no worker stays behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
 
 
 @pytest.fixture(scope="session")
-def mlflow_server() -> Iterator[MlflowServer]:
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     why = missing_requirement()
     if why:
         pytest.skip(f"MLflow server tier: {why}")
@@ -178,6 +177,11 @@ def mlflow_server() -> Iterator[MlflowServer]:
         if server is not None:
             server.stop()
         subprocess.run(["bash", str(PG_SCRIPT), "down", str(pg_dir)], capture_output=True, timeout=60)
+        logs = tmp_path_factory.getbasetemp() / "mlflow-server-logs"  # kept with the test's files
+        logs.mkdir(exist_ok=True)
+        for log in (root / "mlflow-server.log", pg_dir / "postgres.log"):
+            if log.is_file():
+                shutil.copy(log, logs / log.name)
         shutil.rmtree(root, ignore_errors=True)
 
 

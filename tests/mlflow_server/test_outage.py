@@ -21,6 +21,7 @@ import pytest
 
 from specsweep.config import load, tracking_spec
 from specsweep.mlflow_view import VIEW_KEY, view_arms
+from tests.conftest import sim_server_processes
 from tests.mlflow_server.conftest import (
     FaultyProxy,
     MlflowServer,
@@ -90,6 +91,10 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
         assert f"the MLflow server at {proxy.url} cannot be reached" in said[0]
         assert "start it" in said[0] and "rerun the same snakemake command" in said[0]
         assert "Nothing measured is lost" in said[0]
+    deadline = time.monotonic() + 20  # the failed runs stopped their engine servers too
+    while sim_server_processes(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not sim_server_processes(tmp_path)
     cut_short = [r for r in active_runs(client, EXP) if r.info.status == "RUNNING"]
     assert cut_short, "the outage left no run half-logged"
 

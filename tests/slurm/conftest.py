@@ -59,6 +59,11 @@ def snakemake_cmd(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> 
         str(REPO / "tests" / "slurm" / "cluster.yaml"),
         "--config",
         f"mlflow={{tracking_uri: 'sqlite:///{workdir}/results/mlflow.db'}}",
+        # The test cluster's one node is also the submitting host: one job at a time, so that no analysis or
+        # tracking job on the submitting host shares the node's 2 CPUs with a measurement (the cells' gate
+        # catches it: "machine busy"). On a real cluster the submitting host is not a compute node.
+        "--jobs",
+        "1",
         # the test cluster answers at once: poll it every few seconds rather than the plugin's 40 s
         "--slurm-init-seconds-before-status-checks",
         "2",

@@ -58,6 +58,9 @@ def test_a_server_is_its_own_ui(tmp_path) -> None:
     local = _config("sqlite:////abs/mlflow.db") | {"results_dir": str(tmp_path), "variants": []}
     assert ui_command(local).startswith("mlflow ui --backend-store-uri sqlite:////abs/mlflow.db")
     assert ui_base(local) == "http://127.0.0.1:5000"
+    text = final_text(local)  # a local store: the command that serves it, not "the tracking server"
+    assert "MLflow UI: mlflow ui --backend-store-uri sqlite:////abs/mlflow.db" in text
+    assert "(the tracking server)" not in text
 
 
 def _http_error(status: int) -> requests.HTTPError:

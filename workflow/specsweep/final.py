@@ -42,7 +42,7 @@ def final_text(config: dict[str, Any]) -> str:
     lines.append(f"results: {res.resolve()}")
     if config["mlflow"]["enabled"]:
         base = ui_base(config)  # never a user:password@ of the configured URI
-        if is_server_uri(base):
+        if is_server_uri(config["mlflow"]["tracking_uri"]):
             lines.append(f"MLflow UI: {base}   (the tracking server)")
         else:
             lines.append(f"MLflow UI: {ui_command(config)}   (then open {base})")

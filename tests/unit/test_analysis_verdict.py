@@ -159,6 +159,11 @@ def test_decide_verdict_rules() -> None:
     assert v["kind"] == "wins_everywhere" and "pays at least up to C=80" in v["reason"]
     v = decide_verdict(_x(0.0, 0.0, 3.0, ("below_range", "below_range", "within")), used, used, [], 2.0)
     assert v["kind"] == "loses_everywhere"
+    # open on both sides: the interval spans every level, so neither a win nor a loss is shown anywhere
+    # (a vLLM open sweep once read "wins everywhere" with a policy threshold of 0 from such an interval)
+    for est in ("above_range", "below_range"):
+        v = decide_verdict(_x(None, 0.0, None, (est, "below_range", "above_range")), used, used, [], 2.0)
+        assert v["kind"] == "inconclusive" and "open beyond the measured levels" in v["reason"], v
     # open on the other side: the point estimate and its interval disagree, whatever the ratio
     v = decide_verdict(_x(1.5, 0.0, 3.0, ("within", "below_range", "within")), used, used, [], 2.0)
     assert v["kind"] == "inconclusive" and v["add_levels"]

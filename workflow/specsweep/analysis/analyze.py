@@ -386,7 +386,11 @@ def _limit_text(x: dict[str, Any], field: str) -> str:
 def _open_towards_estimate(states: dict[str, str]) -> bool:
     """An interval open on the side where the point estimate lies is an answer, not a gap: speculation won at
     every level and the lower end says up to where that is sure (or it lost at the lowest level and the upper end
-    says how far that may reach). Open on the other side, the measurement contradicts itself: inconclusive."""
+    says how far that may reach). Open on the other side, the measurement contradicts itself: inconclusive.
+    Open on both sides, the interval spans every level (speculation not shown to win even at the lowest, or to
+    lose even at the highest): no answer either."""
+    if (states["lo"], states["hi"]) == ("below_range", "above_range"):
+        return False
     return (states["estimate"], states["hi"]) == ("above_range", "above_range") or (
         states["estimate"],
         states["lo"],

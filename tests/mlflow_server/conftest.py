@@ -208,6 +208,19 @@ LENIENT_GATES = {
 }
 
 
+def track_sweep(workdir: Path, exp: str, variant: str, out: Path, env: dict[str, str]) -> tuple[Any, float]:
+    """One eagle3 sweep-tracking job as the rule runs it, on the workdir's cells; its process and wall time."""
+    from specsweep.config import load, tracking_spec
+
+    spec = tracking_spec(load(workdir / "config.yaml"))
+    cells = sorted(str(p) for p in (workdir / "results" / exp / variant / "eagle3").glob("c*/summary.json"))
+    cmd = [PYTHON, "-m", "specsweep", "track", "sweep", "--config", json.dumps(spec), "--variant", variant]
+    cmd += ["--arm", "eagle3", "--out", str(out), *cells]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    return proc, time.monotonic() - t0
+
+
 def write_config(workdir: Path, tracking_uri: str, **changes: Any) -> dict[str, Any]:
     """tests/pipeline/tiny.yaml logging to `tracking_uri` (lenient gates), top-level keys replaced by `changes`."""
     config = copy.deepcopy(yaml.safe_load(TINY.read_text()))
@@ -312,8 +325,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     proxy: FaultyProxy
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the tests read the proxy's counters, not a line per request on stderr."""
 
     def _body(self) -> bytes | None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from specsweep.config import load, tracking_spec
-from tests.mlflow_server.conftest import MlflowServer, active_runs, base_env, snakemake
+from tests.mlflow_server.conftest import MlflowServer, active_runs, base_env, snakemake, track_sweep
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.timeout(300)]
 
@@ -46,14 +42,9 @@ def test_without_credentials_the_server_refuses_and_the_job_says_how_to_fix_it(
     """The credential is really needed: a tracking job without one fails at once, naming the server and the
     variables to set."""
     workdir = tiny_run["workdir"]
-    spec = tracking_spec(load(workdir / "config.yaml"))
-    cells = sorted(str(p) for p in (workdir / "results" / EXP / "sim" / "eagle3").glob("c*/summary.json"))
-    cmd = [sys.executable, "-m", "specsweep", "track", "sweep", "--config", json.dumps(spec), "--variant", "sim"]
-    cmd += ["--arm", "eagle3", "--out", str(workdir / "no-credentials.json"), *cells]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=workdir, env=base_env(), capture_output=True, text=True, timeout=120)
+    proc, elapsed = track_sweep(workdir, EXP, "sim", workdir / "no-credentials.json", base_env())
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert time.monotonic() - t0 < 30
+    assert elapsed < 30
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"specsweep track: the MLflow server at {mlflow_server.url} refused this job's credentials")
     assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in line and "Nothing measured is lost" in line

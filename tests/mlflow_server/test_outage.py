@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from specsweep.config import load, tracking_spec
 from specsweep.mlflow_view import VIEW_KEY, view_arms
 from tests.conftest import sim_server_processes
 from tests.mlflow_server.conftest import (
@@ -29,6 +27,7 @@ from tests.mlflow_server.conftest import (
     by_kind,
     snakemake_cmd,
     summaries,
+    track_sweep,
     write_config,
 )
 
@@ -99,15 +98,7 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
     assert cut_short, "the outage left no run half-logged"
 
     # fail fast: one tracking job against the server while it is down, as the rule runs it
-    workdir = workdirs["a"]
-    spec = tracking_spec(load(workdir / "config.yaml"))
-    cells = sorted(str(p) for p in (workdir / "results" / EXP / "sim-a" / "eagle3").glob("c*/summary.json"))
-    cmd = [sys.executable, "-m", "specsweep", "track", "sweep", "--config", json.dumps(spec), "--variant", "sim-a"]
-    cmd += ["--arm", "eagle3", "--out", str(tmp_path / "down.json"), *cells]
-    t0 = time.monotonic()
-    env = mlflow_server.env("alice")
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
-    elapsed = time.monotonic() - t0
+    proc, elapsed = track_sweep(workdirs["a"], EXP, "sim-a", tmp_path / "down.json", mlflow_server.env("alice"))
     assert proc.returncode == 1 and "cannot be reached" in proc.stderr, proc.stderr[-2000:]
     assert elapsed < 30, f"a tracking job took {elapsed:.0f} s to give up on a server that is down"
     assert "Traceback" not in proc.stderr

@@ -31,7 +31,7 @@ def missing_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # down after its tier: later tiers measure on an idle host
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The cluster's client environment (SLURM_CONF); the cluster is stopped after the tier, whatever happened."""
     reason = missing_reason()

@@ -151,7 +151,7 @@ class MlflowServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # down after its tier: later tiers measure on an idle host
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     why = missing_requirement()
     if why:
@@ -256,7 +256,7 @@ def by_kind(runs: list[Any], kind: str) -> list[Any]:
     return [r for r in runs if r.data.tags.get("specsweep.kind") == kind]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # down after its tier: later tiers measure on an idle host
 def tiny_run(mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """tests/pipeline/tiny.yaml through Snakemake on the simulated engine, logging to the server with the
     credential in MLflow's variables; shared by the layout and credential tests."""

@@ -102,6 +102,8 @@ def test_run_queue_wait_and_foreign_cpu_are_measured(hog_on_my_core: tuple[int, 
     # the hog as the server: nothing else ran there; the hog as someone else's work: foreign, about half the CPU
     assert as_server["foreign_cpu_share"] < 0.1 and 0.3 < as_server["server_cpu_cores"] < 0.75, as_server
     assert 0.3 < as_other["foreign_cpu_share"] < 0.75, as_other
+    # one CPU and one server process over ~0.6 s: 3 ticks of 10 ms, about 5% of it
+    assert as_other["foreign_cpu_resolution"] == pytest.approx(3 / os.sysconf("SC_CLK_TCK") / 0.6, rel=0.1)
     assert host_snapshot((cpu,), None).since(as_other0)["foreign_cpu_share"] is None  # server unknown
 
 

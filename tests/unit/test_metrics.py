@@ -333,3 +333,15 @@ def test_summary_is_strict_json_with_failures() -> None:
     text = json.dumps(s, allow_nan=False)
     assert "NaN" not in text
     assert any("no loop-lag samples" in f for f in s["validity"]["flags"])
+
+
+def test_other_processes_are_judged_above_the_tick_counters_resolution() -> None:
+    """10% foreign in a 0.2 s repeat is two clock ticks, within the counters' 15% resolution: a flag, not a
+    busy machine (a CI run threw out a sim cell so); 30% in a 4 s repeat at 2% resolution is a busy machine."""
+    short = valid(good_cell(), client={**QUIET, "foreign_cpu_share": 0.1001, "foreign_cpu_resolution": 0.15})
+    assert short["valid"], short
+    assert any("not judged" in f and "±15%" in f for f in short["flags"]), short
+    busy = valid(good_cell(), client={**QUIET, "foreign_cpu_share": 0.3, "foreign_cpu_resolution": 0.02})
+    assert not busy["valid"] and any("machine busy" in r and "±2%" in r for r in busy["reasons"]), busy
+    within = valid(good_cell(), client={**QUIET, "foreign_cpu_share": 0.11, "foreign_cpu_resolution": 0.02})
+    assert within["valid"] and not [f for f in within["flags"] if "not judged" in f], within

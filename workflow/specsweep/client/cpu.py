@@ -224,8 +224,10 @@ def _cpu_ticks(cpus: tuple[int, ...] | None) -> tuple[float, float]:
     return busy / _TICK, steal / _TICK
 
 
-def tree_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds used so far by process `pid` and its live descendants (None when it is gone)."""
+def tree_cpu(pid: int | None) -> tuple[float, int] | None:
+    """(CPU seconds used so far, number of processes) of process `pid` and its live descendants (None when it
+    is gone). The count sizes the accounting's quantisation: each process's user and system times are whole
+    clock ticks."""
     if pid is None:
         return None
     try:
@@ -233,14 +235,15 @@ def tree_cpu_s(pid: int | None) -> float | None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    total = 0.0
+    total, n = 0.0, 0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
         except psutil.Error:  # a worker that just ended
             continue
-    return total
+        total += t.user + t.system
+        n += 1
+    return total, n
 
 
 @dataclass
@@ -253,23 +256,35 @@ class HostSnapshot:
     busy: float = 0.0
     steal: float = 0.0
     server: float | None = None
+    server_procs: int = 0
     own: float = field(default_factory=time.process_time)
 
     def since(self, start: HostSnapshot) -> dict[str, float | None]:
-        """Shares of the watched CPUs' capacity over the interval: the server's, other processes', stolen."""
+        """Shares of the watched CPUs' capacity over the interval: the server's, other processes', stolen.
+
+        `foreign_cpu_resolution` is the smallest foreign share the counters can tell from none over this
+        interval: the CPUs' busy time and each server process's user and system times are whole clock ticks
+        (10 ms), so a difference of two readings is off by up to a tick each. Over a 0.2 s repeat on one CPU
+        that is 15%: such a repeat cannot say whether another process took 10% of its CPU.
+        """
         wall = max(self.wall - start.wall, 1e-9)
         n = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
         server = None if self.server is None or start.server is None else self.server - start.server
-        foreign = None
+        foreign = resolution = None
         if server is not None:
             foreign = max(0.0, (self.busy - start.busy) - server - (self.own - start.own))
+            ticks = n + 2 * max(self.server_procs, start.server_procs)
+            resolution = ticks / _TICK / (wall * n)
         return {
             "server_cpu_cores": None if server is None else server / wall,
             "foreign_cpu_share": None if foreign is None else foreign / (wall * n),
+            "foreign_cpu_resolution": resolution,
             "steal_share": (self.steal - start.steal) / (wall * n),
         }
 
 
 def host_snapshot(cpus: tuple[int, ...] | None, server_pid: int | None) -> HostSnapshot:
     busy, steal = _cpu_ticks(cpus)
-    return HostSnapshot(cpus, server_pid, busy=busy, steal=steal, server=tree_cpu_s(server_pid))
+    tree = tree_cpu(server_pid)
+    server, procs = (None, 0) if tree is None else tree
+    return HostSnapshot(cpus, server_pid, busy=busy, steal=steal, server=server, server_procs=procs)

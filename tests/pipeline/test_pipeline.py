@@ -94,6 +94,14 @@ def test_each_server_started_once_and_stopped(run_dir: Path) -> None:
     assert not list((run_dir / "results" / EXP / ".servers").glob("*.json"))
 
 
+def test_each_server_measures_its_levels_from_the_highest_down(run_dir: Path) -> None:
+    """One order for every arm (config.cell_priority): the arms meet a server's first minute at the same level."""
+    res = run_dir / "results" / EXP / "sim"
+    for arm in ("baseline", "eagle3"):
+        t0 = {c: json.loads((res / arm / f"c{c}" / "summary.json").read_text())["t0_unix"] for c in (1, 4)}
+        assert t0[4] < t0[1], (arm, t0)
+
+
 def test_mlflow_runs(run_dir: Path) -> None:
     runs = mlflow_runs(run_dir)
     kinds = runs["tags.specsweep.kind"].value_counts().to_dict()

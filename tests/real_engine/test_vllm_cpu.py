@@ -203,12 +203,31 @@ def test_every_cell_valid_and_isolated(run_dir: Path) -> None:
             assert len({rep["prompt_set_sha256"] for rep in s["repeats"]}) == REPEATS  # a prompt set per repeat
 
 
+def repeats_table(run_dir: Path) -> dict[str, dict[int, list[float]]]:
+    """Each repeat's steady throughput by arm and level, with the order the cells ran in (for a failure's
+    message: which repeat or level moved the interval)."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for arm in ARMS:
+        for c in LEVELS:
+            s = summary(run_dir, arm, c)
+            out.setdefault(arm, {})[c] = [round(r["metrics"]["output_tok_s_steady"], 1) for r in s["repeats"]]
+    return out
+
+
+def test_each_server_measures_its_levels_from_the_highest_down(run_dir: Path) -> None:
+    """One order for every arm (config.cell_priority): a server's first minute, slower on vLLM CPU, falls on
+    the same level in each arm instead of on C=1 of one arm and C=16 of another."""
+    for arm in ARMS:
+        t0 = [summary(run_dir, arm, c)["t0_unix"] for c in LEVELS]
+        assert t0 == sorted(t0, reverse=True), (arm, dict(zip(LEVELS, t0, strict=True)))
+
+
 def test_verdict_is_one_every_repeat_agrees_with(run_dir: Path) -> None:
     """The crossover's verdict is conclusive, and each repeat alone puts every level on the same side of 1."""
     out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
     arm = out["arms"][SPEC_ARM]
     verdict = arm["verdict"]
-    assert verdict["kind"] in ("crossover", "wins_everywhere", "loses_everywhere"), verdict
+    assert verdict["kind"] in ("crossover", "wins_everywhere", "loses_everywhere"), (verdict, repeats_table(run_dir))
     assert [int(c) for c in arm["levels"]] == list(LEVELS)
     for row in arm["per_level"]:
         c = int(row["concurrency"])

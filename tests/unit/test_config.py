@@ -137,3 +137,18 @@ def test_cluster_resources_per_variant_and_no_cell_depends_on_them() -> None:
     moved["variants"]["sim"]["slurm"]["partition"] = "other"
     assert ssconfig.cell_spec(v, "sim", "eagle3", 4) == ssconfig.cell_spec(moved, "sim", "eagle3", 4)
     assert "bogus" in bad(variants={"sim": {"engine": "sim", "slurm": {"bogus": 1}}})
+
+
+def test_a_servers_cells_run_back_to_back_from_the_highest_level_down() -> None:
+    """Every arm meets its levels in one order, so a server's first minute falls on the same level in each."""
+    from specsweep.config import cell_priority
+
+    cfg = {"variants": {"a": {}, "b": {}}, "arms": {"baseline": {}, "eagle3": {}}}
+    order = sorted(
+        ((v, a, lvl) for v in cfg["variants"] for a in cfg["arms"] for lvl in ("c1", "c2", "c10", "c250", "c9999")),
+        key=lambda x: -cell_priority(cfg, *x),
+    )
+    assert [x[:2] for x in order[::5]] == [("a", "baseline"), ("a", "eagle3"), ("b", "baseline"), ("b", "eagle3")]
+    assert [x[2] for x in order[:5]] == ["c9999", "c250", "c10", "c2", "c1"]
+    assert cell_priority(cfg, "a", "baseline", "r2.5") > cell_priority(cfg, "a", "baseline", "r2")
+    assert cell_priority(cfg, "a", "baseline", "t1.5") > cell_priority(cfg, "a", "baseline", "t1")

@@ -20,7 +20,7 @@ rule cell:
         RES / "benchmarks" / "cell.{variant}.{arm}.{level}.tsv"
     wildcard_constraints:
         level=r"c\d+|[rt]\d+(\.\d+)?",
-    priority: cell_priority
+    priority: cell_priority_of
     conda:
         "../envs/specsweep.yaml"
     resources:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specsweep.config import (
     analysis_spec,
+    cell_priority,
     cell_spec,
     dumps,
     fixed_arms,
@@ -15,7 +16,6 @@ from specsweep.config import (
     parse_level,
     policy_arms,
     requests_for,
-    server_group_priority,
     slurm_resources,
     startup_timeout_s,
     tracking_spec,
@@ -209,8 +209,8 @@ def slurm(name):
     return lambda w: slurm_resources(config, known("variant", w.variant, VARIANTS))[name]
 
 
-def cell_priority(wildcards):
-    return server_group_priority(config, wildcards.variant, wildcards.arm)
+def cell_priority_of(wildcards):
+    return cell_priority(config, wildcards.variant, wildcards.arm, wildcards.level)
 
 
 def crossover_targets():

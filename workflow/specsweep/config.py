@@ -435,11 +435,21 @@ def cells(config: dict[str, Any]) -> list[Cell]:
     return [Cell(v, a, c) for v in config["variants"] for a in config["arms"] for c in sorted(config["concurrency"])]
 
 
-def server_group_priority(config: dict[str, Any], variant: str, arm: str) -> int:
-    """Snakemake priority that runs all cells of one server (variant x arm) back to back, so each
-    server starts once per sweep even though every cell is its own job."""
+LEVEL_RANKS = 10**6  # priority steps per server group: levels up to 9,999.99 keep their order
+
+
+def cell_priority(config: dict[str, Any], variant: str, arm: str, level: str) -> int:
+    """Snakemake priority that runs all cells of one server (variant x arm) back to back, so each server
+    starts once per sweep even though every cell is its own job, and a server's cells from the highest level
+    down. Why a fixed order: a server's first minute is not like its later ones (a vLLM CPU server measured
+    first at C=1 right after start ran 9-35% slower than at C=1 minutes later), and Snakemake otherwise picks
+    a different order per arm, so the arms' speedup at a level compared a cold server with a warm one. With one
+    order every arm meets the same server age at the same level; the highest level first puts the cold minute
+    where the repeats are longest and its own warm-up is largest."""
     groups = [(v, a) for v in config["variants"] for a in config["arms"]]
-    return len(groups) - groups.index((variant, arm))
+    group = len(groups) - groups.index((variant, arm))
+    value = float(parse_level(level)[1])
+    return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
 
 
 def cell_dir(config: dict[str, Any], cell: Cell) -> Path:

@@ -339,19 +339,3 @@ def test_one_repeat_note(tmp_path: Path) -> None:
     ar3 = analyze_variant(_load(tmp_path / "r3"), "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
     assert ar3["within_run_only"] is False and ar3["interval_note"] is None
     assert ar3["per_level"][0]["spec_n_repeats"] == 3
-
-
-def test_a_host_speed_difference_between_the_arms_cells_is_noted(tmp_path: Path) -> None:
-    """The probe's figures ride in each cell's client figures; a level whose spec cell ran on a host 1.3x as
-    fast as its baseline cell gets a note naming it, levels within 15% do not."""
-    write_synthetic_variant(tmp_path, [1, 2, 5], lambda c: 1.2, seed=3)
-    cells = _load(tmp_path)
-    for arm, by in cells.items():
-        for c, cell in by.items():
-            fast = 1.3 if (arm, c) == ("eagle3", 2.0) else 1.05
-            cell.summary["metrics"]["client"] = {"host_speed": {"0": 1000.0 * fast, "1": 900.0 * fast}}
-    ar = analyze_variant(cells, "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
-    ratios = {r["concurrency"]: r["host_speed_ratio"] for r in ar["per_level"]}
-    assert ratios == pytest.approx({1.0: 1.0, 2.0: 1.3 / 1.05, 5.0: 1.0})
-    notes = [n for n in ar["verdict"]["notes"] if n.startswith("HOST SPEED DIFFERED")]
-    assert len(notes) == 1 and "at C=2:" in notes[0] and "1.24x" in notes[0], ar["verdict"]["notes"]

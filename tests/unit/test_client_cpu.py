@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from specsweep.client.backends import RequestSpec
-from specsweep.client.cpu import format_cpus, host_snapshot, host_speed, parse_cpus, plan_cpus, usage_now
+from specsweep.client.cpu import format_cpus, host_snapshot, parse_cpus, plan_cpus, usage_now
 from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
@@ -125,12 +125,3 @@ def test_a_starved_client_is_caught_by_the_gates(engine_threads_on_my_core: tupl
     )
     reasons = s["validity"]["reasons"]
     assert any("client starved" in r for r in reasons), (s["metrics"]["client"], reasons)
-
-
-def test_host_speed_probes_each_cpu_and_restores_the_thread_cpus() -> None:
-    cpus = tuple(sorted(os.sched_getaffinity(0)))
-    before = os.sched_getaffinity(0)
-    speed = host_speed(cpus, 0.1)
-    assert set(speed) == {str(c) for c in cpus} and all(v > 100 for v in speed.values()), speed
-    assert os.sched_getaffinity(0) == before
-    assert host_speed(cpus, 0) == {}

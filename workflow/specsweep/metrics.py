@@ -372,7 +372,6 @@ def client_figures(
         "wait_share": c.get("wait_share"),
         "foreign_cpu_share": c.get("foreign_cpu_share"),
         "foreign_cpu_resolution": c.get("foreign_cpu_resolution"),
-        "host_speed": c.get("host_speed"),
         "steal_share": c.get("steal_share"),
         "server_cpu_cores": c.get("server_cpu_cores"),
         "cpu_s": c.get("cpu_s"),
@@ -734,10 +733,6 @@ def _worst_client(per_rep: list[dict[str, Any]], pooled: dict[str, Any]) -> dict
     worst = max(known, key=lambda c: c["foreign_cpu_share"] - (c.get("foreign_cpu_resolution") or 0.0), default={})
     out["foreign_cpu_share"] = worst.get("foreign_cpu_share")
     out["foreign_cpu_resolution"] = worst.get("foreign_cpu_resolution")
-    # the host's speed over the cell: each CPU's median over the repeats
-    speeds = [c.get("host_speed") or {} for c in per_rep]
-    cpus = sorted({cpu for sp in speeds for cpu in sp}, key=int)
-    out["host_speed"] = {cpu: float(np.median([sp[cpu] for sp in speeds if cpu in sp])) for cpu in cpus} or None
     shares = [(c.get("stamps") or {}).get("kernel_share") for c in per_rep]
     known = [s for s in shares if s is not None]
     out["stamps"] = {"kernel_share": min(known) if known else None}

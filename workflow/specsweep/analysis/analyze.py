@@ -496,20 +496,6 @@ def decide_verdict(
     return {"kind": kind, "reason": reason, "add_levels": [], "remeasure_levels": [], "notes": notes}
 
 
-HOST_DRIFT = math.log(1.15)  # a host-speed ratio beyond 1.15x (either way) between the arms' cells is noted
-
-
-def host_speed_ratio(base: dict[str, Any], spec: dict[str, Any]) -> float | None:
-    """The spec cell's host speed over the baseline cell's (geometric mean over the CPUs both probed; None
-    without probes): 1.0 when both ran on an equally fast host (client.cpu.host_speed)."""
-    b = (base.get("metrics", {}).get("client") or {}).get("host_speed") or {}
-    s = (spec.get("metrics", {}).get("client") or {}).get("host_speed") or {}
-    both = [cpu for cpu in b if cpu in s and b[cpu] and s[cpu]]
-    if not both:
-        return None
-    return _f(math.exp(sum(math.log(s[cpu] / b[cpu]) for cpu in both) / len(both)))
-
-
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     return {
         "arm": cell.arm,
@@ -624,19 +610,6 @@ def analyze_arm(
             f"{sym}={worst['concurrency']:g} (first difference at character {fd.get('char')}; "
             f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text "
             "is not the same service; check the draft and verify path"
-        )
-    for row in per_level:
-        c = row["concurrency"]
-        if c in base_cells and c in spec_cells:
-            row["host_speed_ratio"] = host_speed_ratio(base_cells[c].summary, spec_cells[c].summary)
-    drifted = [r for r in per_level if r["used"] and abs(math.log(r.get("host_speed_ratio") or 1.0)) > HOST_DRIFT]
-    if drifted:
-        worst = max(drifted, key=lambda r: abs(math.log(r["host_speed_ratio"])))
-        verdict["notes"].append(
-            f"HOST SPEED DIFFERED at {sym}={levels_text([r['concurrency'] for r in drifted])}: the CPU probe ran "
-            f"{worst['host_speed_ratio']:.2f}x as fast during {spec_arm}'s cell as during {baseline_arm}'s at "
-            f"{sym}={worst['concurrency']:g} (per_level host_speed_ratio): the speedup there measures the host too; "
-            "re-measure both cells (snakemake --forcerun <their summary.json>) on a quieter host"
         )
     shares = [r["output_match"]["share"] for r in per_level if r.get("output_match")]
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})

@@ -31,7 +31,6 @@ __all__ = [
     "HostSnapshot",
     "format_cpus",
     "host_snapshot",
-    "host_speed",
     "parse_cpus",
     "pin_self",
     "pinned",
@@ -289,42 +288,3 @@ def host_snapshot(cpus: tuple[int, ...] | None, server_pid: int | None) -> HostS
     tree = tree_cpu(server_pid)
     server, procs = (None, 0) if tree is None else tree
     return HostSnapshot(cpus, server_pid, busy=busy, steal=steal, server=server, server_procs=procs)
-
-
-_PROBE_CHUNK = 2000  # additions per chunk of the host-speed probe: ~40 us on the VM, fine enough to time
-
-
-def _probe_chunk() -> int:
-    x = 0
-    for k in range(_PROBE_CHUNK):
-        x += k
-    return x
-
-
-def host_speed(cpus: tuple[int, ...] | None, seconds: float = 0.2) -> dict[str, float]:
-    """Chunks per second of a fixed pure-Python loop on each of `cpus` (this thread's CPUs when None), run on
-    each in turn by pinning this thread there for seconds / len(cpus); the thread's CPU set is restored.
-
-    Why: a VM's CPUs are not equally fast all the time (on the 2-core CI VM one arm's whole sweep ran 30-45%
-    slower per token than in another run, with the client's own CPU time per token up 60-70%), and a repeat's
-    throughput then measures the host as much as the stack. Probed between repeats, while the server idles, the
-    figure lets arms and levels be compared on the host speed they had (`analysis`, host-speed note).
-    """
-    if seconds <= 0:
-        return {}
-    before = os.sched_getaffinity(0)
-    targets = sorted(cpus) if cpus else sorted(before)
-    out: dict[str, float] = {}
-    try:
-        for cpu in targets:
-            os.sched_setaffinity(0, {cpu})
-            _probe_chunk()  # the first chunk after a migration pays for cold caches
-            n, t0 = 0, time.perf_counter()
-            end = t0 + seconds / len(targets)
-            while (t := time.perf_counter()) < end:
-                _probe_chunk()
-                n += 1
-            out[str(cpu)] = n / (t - t0)
-    finally:
-        os.sched_setaffinity(0, before)
-    return out

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from specsweep.client.arrivals import ArrivalPlan
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
-from specsweep.client.cpu import host_snapshot, host_speed, usage_now
+from specsweep.client.cpu import host_snapshot, usage_now
 from specsweep.client.fasthttp import FastPool
 from specsweep.client.looplag import LoopLagMonitor
 from specsweep.client.prompts import LevelPrompts, PromptSet
@@ -149,7 +149,6 @@ def new_session(concurrency: int = 0) -> aiohttp.ClientSession:
 
 
 WARMUP_TOKENS = 32  # a warm-up request's output cap: enough decode steps at batch size C, little time
-HOST_PROBE_S = 0.2  # host-speed probe before each repeat, over the watched CPUs (client.cpu.host_speed)
 
 
 def warmup_count(warmup: int, concurrency: int) -> int:
@@ -357,7 +356,6 @@ async def measure_level(
         for rep in range(repeats):
             reset = await hooks.reset_cache(s, spec.url) if (hooks is not None and reset_cache) else "skipped"
             idle = await probe_idle(idle_probe_s, lag_interval_s)
-            speed = host_speed(watch_cpus, HOST_PROBE_S) if idle_probe_s > 0 else {}
             before = await hooks.counters(s, spec.url) if hooks is not None else None
             if isinstance(stream, FastPool):
                 await stream.prewarm(spec.url, min(concurrency, OPEN_PREWARM) if plans is not None else concurrency)
@@ -405,7 +403,7 @@ async def measure_level(
                     reset,
                     idle,
                     counters,
-                    {**cpu, **host, "host_speed": speed, "stamps": stamps, "transport": spec.transport},
+                    {**cpu, **host, "stamps": stamps, "transport": spec.transport},
                     prompts.repeats[rep],
                 )
             )

@@ -2,11 +2,11 @@
 
 `snakemake --cores 1 crossover --configfile <the vllm-cpu-tiny example>` in a temporary folder: builds (or
 reuses) the vLLM environment, builds the model, sweeps plain decoding vs ngram speculation with K=1 and K=3
-(`draft_lengths`) at C = 1, 4, 16, 64 with 3 repeats, derives a schedule (K per running requests), serves it
+(`draft_lengths`) at C = 1, 4, 16, 64 with 5 repeats, derives a schedule (K per running requests), serves it
 with vLLM's `num_speculative_tokens_per_batch_size` as the policy arm, measures that at every level, computes
 the crossover and the policy regret, and logs to MLflow. Asserts the answer, not only the machinery: every cell
 valid (client given a core of its own, vLLM's tree on the other), the prefix cache hit for about none of the
-prompt tokens (vLLM's own counters), a verdict that every repeat on its own agrees with, accept length equal to
+prompt tokens (vLLM's own counters), a K=3 verdict that holds what every run agrees on, accept length equal to
 vLLM's counters, outputs equal to the baseline's for every K and the policy; and that a client forced onto the
 engine's core is caught as starved.
 
@@ -48,11 +48,11 @@ POLICY_ARM = "ngram-policy"  # serves the schedule derived from the fixed arms
 ARMS = ("baseline", *SPEC_ARMS, POLICY_ARM)
 SPEC_ARM = "ngram-k3"  # the arm whose verdict the earlier tier asserted (K=3)
 LEVELS = (1, 4, 16, 64)
-REPEATS = 3
+REPEATS = 5
 OUTPUT_TOKENS = 128
 MAX_CACHE_HIT_RATE = 0.01  # prompts never repeat on a server, and the cache is reset before each repeat
 ENVS_DIR = Path(os.environ.get("SPECSWEEP_ENVS_DIR") or REPO / "results" / "_envs").absolute()
-# from scratch: ~1.5 min environment build + ~4 min sweep on 2 cores
+# from scratch: ~1.5 min environment build + ~17 min sweep on 2 cores (5 repeats)
 DAG_TIMEOUT_S = float(os.environ.get("SPECSWEEP_REAL_ENGINE_TIMEOUT_S") or 1800)
 
 
@@ -222,25 +222,38 @@ def test_each_server_measures_its_levels_from_the_highest_down(run_dir: Path) ->
         assert t0 == sorted(t0, reverse=True), (arm, dict(zip(LEVELS, t0, strict=True)))
 
 
-def test_verdict_is_one_every_repeat_agrees_with(run_dir: Path) -> None:
-    """The crossover's verdict is conclusive, and each repeat alone puts every level on the same side of 1."""
+def test_verdict_holds_what_every_run_agrees_on(run_dir: Path) -> None:
+    """K=3 never loses: its speedup is above 1 at every level and no level's interval lies below 1, so the
+    verdict is "wins everywhere" or, where the host moved the repeats apart, inconclusive; never a crossover or
+    a loss. A level the interval decides has every repeat on its side, and a threshold is set only with an answer.
+
+    Why not "always conclusive": this 2-core KVM guest switches between speeds, and the engine's step time
+    with it. In one run ngram-k3's C=1 repeats went 343, 366, 381, 689, 632 tok/s with the same acceptance
+    (accept length 2.89-3.20), so the interval at C=1 reached below 1. Over four runs (3 repeats: CI, then
+    two local; 5 repeats: one local) K=3's point speedups were 1.26-2.18 at every level, and two verdicts were
+    inconclusive for the lowest level alone. The tool saying so, instead of a narrow interval around one speed
+    regime, is the answer that repeats.
+    """
     out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
     arm = out["arms"][SPEC_ARM]
     verdict = arm["verdict"]
-    assert verdict["kind"] in ("crossover", "wins_everywhere", "loses_everywhere"), (verdict, repeats_table(run_dir))
+    table = repeats_table(run_dir)
+    assert verdict["kind"] in ("wins_everywhere", "inconclusive"), (verdict, table)
     assert [int(c) for c in arm["levels"]] == list(LEVELS)
     for row in arm["per_level"]:
         c = int(row["concurrency"])
-        side = row["speedup"] > 1.0
         lo, hi = row["speedup_lo"], row["speedup_hi"]
         assert lo is not None and hi is not None, row
-        if lo > 1.0 or hi < 1.0:  # a level the interval decides: every repeat must agree on it
+        assert row["speedup"] > 1.0 and hi > 1.0, (row, table)
+        if lo > 1.0:  # a level the interval decides: every repeat must agree on it
             for r in range(REPEATS):
                 b = summary(run_dir, "baseline", c)["repeats"][r]["metrics"]["output_tok_s_steady"]
                 sp = summary(run_dir, SPEC_ARM, c)["repeats"][r]["metrics"]["output_tok_s_steady"]
-                assert (sp / b > 1.0) == side, (c, r, sp / b, row)
+                assert sp / b > 1.0, (c, r, sp / b, row, table)
+    if verdict["kind"] == "inconclusive":  # the reason names what to measure
+        assert verdict["reason"] and (verdict["add_levels"] or verdict["remeasure_levels"]), verdict
     threshold = out["policy"][SPEC_ARM]["threshold"]
-    assert threshold is not None, out["policy"]
+    assert (threshold is not None) == (verdict["kind"] == "wins_everywhere"), (out["policy"], verdict)
     policy = yaml.safe_load((run_dir / "results" / EXP / VARIANT / "policy.yaml").read_text())
     assert policy["arms"][SPEC_ARM]["threshold"] == threshold
 

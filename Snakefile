@@ -23,13 +23,14 @@ _PKG_ROOT = str(Path(workflow.basedir) / "workflow")
 sys.path.insert(0, _PKG_ROOT)
 
 from specsweep import config as ssconfig
-from specsweep.jobenv import prepare
+from specsweep.jobenv import prepare, share_gates
 
 prepare(_PKG_ROOT)
 
 _validated = ssconfig.validate(config)
 config.clear()
 config.update(_validated)
+share_gates(config["gates"])
 
 
 report: "workflow/report/workflow.rst"
@@ -46,6 +47,7 @@ localrules:
     compare,
     track_sweep,
     track_crossover,
+    merge_segments,
 
 
 include: "workflow/rules/common.smk"

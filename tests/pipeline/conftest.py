@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,9 +15,12 @@ from tests.conftest import REPO, SNAKEMAKE
 EXP = "tiny"
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def snakemake(
+    workdir: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    full_env = {**os.environ, **env} if env else None
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 def server_events(workdir: Path) -> list[str]:

@@ -46,3 +46,151 @@ rule cell:
         "python -m specsweep cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
         " --state-dir {params.state_dir} --server-log-dir {params.server_logs}"
         " --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"
+
+
+rule paired_level:
+    """Measure one level of every fixed arm in interleaved blocks, all servers up at once (pairing.mode)."""
+    input:
+        unpack(paired_inputs),
+    output:
+        requests=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "requests.parquet", arm=FIXED_ARMS),
+        summaries=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "summary.json", arm=FIXED_ARMS),
+    log:
+        LOGS / "cells" / "{variant}.paired.{level}.log",
+    benchmark:
+        RES / "benchmarks" / "paired.{variant}.{level}.tsv"
+    wildcard_constraints:
+        variant=regex_of(PAIRED_VARIANTS),
+        level=r"c\d+",
+    priority: paired_priority_of
+    conda:
+        "../envs/specsweep.yaml"
+    resources:
+        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
+        server=1,
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
+    params:
+        specs=paired_specs_json,
+        out_root=lambda w: RES / w.variant,
+        state_dir=STATE_DIR,
+        server_logs=LOGS / "servers",
+    shell:
+        "python -m specsweep paired-level --specs {params.specs:q} --env {input.env} --out-root {params.out_root}"
+        " --level {wildcards.level} --state-dir {params.state_dir} --server-log-dir {params.server_logs}"
+        " --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"
+
+
+rule paired_policy:
+    """Measure a policy arm's level in interleaved blocks with the fixed arm its schedule serves there."""
+    input:
+        unpack(cell_inputs),
+    output:
+        requests=RES / "{variant}" / "{arm}" / "{level}" / "requests.parquet",
+        summary=RES / "{variant}" / "{arm}" / "{level}" / "summary.json",
+    log:
+        LOGS / "cells" / "{variant}.{arm}.{level}.log",
+    benchmark:
+        RES / "benchmarks" / "cell.{variant}.{arm}.{level}.tsv"
+    wildcard_constraints:
+        variant=regex_of(PAIRED_VARIANTS),
+        arm=regex_of(list(POLICY_ARMS)),
+        level=r"c\d+",
+    priority: cell_priority_of
+    conda:
+        "../envs/specsweep.yaml"
+    resources:
+        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
+        server=1,
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
+    params:
+        specs=paired_policy_specs_json,
+        out_root=lambda w: RES / w.variant,
+        state_dir=STATE_DIR,
+        server_logs=LOGS / "servers",
+    shell:
+        "python -m specsweep paired-level --specs {params.specs:q} --env {input.env} --out-root {params.out_root}"
+        " --level {wildcards.level} --reference-of {wildcards.arm} --state-dir {params.state_dir}"
+        " --server-log-dir {params.server_logs} --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"
+
+
+rule instance_cell:
+    """Measure one level of a fixed arm on one of its server instances (pairing.instances; a segment's cell)."""
+    input:
+        unpack(cell_inputs),
+    output:
+        requests=RES / "{variant}" / "{arm}" / "{level}" / "instances" / "i{instance}" / "requests.parquet",
+        summary=RES / "{variant}" / "{arm}" / "{level}" / "instances" / "i{instance}" / "summary.json",
+    log:
+        LOGS / "cells" / "{variant}.{arm}.{level}.i{instance}.log",
+    benchmark:
+        RES / "benchmarks" / "cell.{variant}.{arm}.{level}.i{instance}.tsv"
+    wildcard_constraints:
+        variant=regex_of(REPLICATED_VARIANTS),
+        arm=regex_of(FIXED_ARMS),
+        level=r"c\d+",
+        instance=r"\d+",
+    priority: instance_priority_of
+    conda:
+        "../envs/specsweep.yaml"
+    resources:
+        startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
+        server=1,
+        slurm_partition=slurm("slurm_partition"),
+        slurm_account=slurm("slurm_account"),
+        gpu=slurm("gpu"),
+        cpus_per_task=slurm("cpus_per_task"),
+        mem_mb=slurm("mem_mb"),
+        runtime=slurm("runtime"),
+        constraint=slurm("constraint"),
+        qos=slurm("qos"),
+        slurm_extra=slurm("slurm_extra"),
+    params:
+        spec=instance_spec_json,
+        out_dir=lambda w: RES / w.variant / w.arm / w.level / "instances" / f"i{w.instance}",
+        state_dir=STATE_DIR,
+        server_logs=LOGS / "servers",
+    shell:
+        "python -m specsweep cell --spec {params.spec:q} --env {input.env} --out-dir {params.out_dir}"
+        " --state-dir {params.state_dir} --server-log-dir {params.server_logs}"
+        " --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"
+
+
+rule merge_segments:
+    """Every fixed arm's cell at a level, merged from its server instances' cells (pairing.instances)."""
+    input:
+        segment_cells,
+        lambda w: segment_cells(w, "requests.parquet"),
+    output:
+        requests=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "requests.parquet", arm=FIXED_ARMS),
+        summaries=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "summary.json", arm=FIXED_ARMS),
+    log:
+        LOGS / "cells" / "{variant}.merged.{level}.log",
+    wildcard_constraints:
+        variant=regex_of(REPLICATED_VARIANTS),
+        level=r"c\d+",
+    params:
+        variant_root=lambda w: RES / w.variant,
+        arms=REFERENCE_FIRST,
+        instances=lambda w: instances(config, w.variant),
+    shell:
+        "python -m specsweep merge-segments --variant-root {params.variant_root} --level {wildcards.level}"
+        " --arms {params.arms} --instances {params.instances} > {log} 2>&1"
+
+
+ruleorder: paired_policy > paired_level > merge_segments > cell

@@ -1,6 +1,7 @@
 # Config helpers and input functions shared by the rules.
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -10,6 +11,11 @@ from specsweep.config import (
     cell_spec,
     dumps,
     fixed_arms,
+    instances,
+    interleaved_variants,
+    level_priority,
+    replicated_variants,
+    segment_priority,
     level_name,
     levels,
     load_mode,
@@ -28,6 +34,8 @@ LOGS = RES / "logs"
 VARIANTS = list(config["variants"])
 ARMS = list(config["arms"])
 FIXED_ARMS = fixed_arms(config)  # the baseline and every speculative (sub-)arm
+PAIRED_VARIANTS = interleaved_variants(config)  # their fixed arms' levels are measured in interleaved blocks
+REPLICATED_VARIANTS = replicated_variants(config)  # their fixed arms run on several instances (pairing.instances)
 POLICY_ARMS = policy_arms(config)  # policy arm -> its family: serves the derived schedule (workflow/rules/policy.smk)
 LOAD_MODE = load_mode(config)  # closed (c<C> cells), open (r<rate>) or trace (t<time scale>)
 LEVELS = levels(config)
@@ -124,13 +132,13 @@ def policy_entry(variant, arm):
     return entry
 
 
-def cell_inputs(wildcards):
-    variant = known("variant", wildcards.variant, VARIANTS)
-    known("arm", wildcards.arm, ARMS)
-    mode, c = parse_level(wildcards.level)
+def level_inputs(variant, level):
+    """What every cell of a level needs before it runs: the variant's environment (and model, trace, dataset)."""
+    known("variant", variant, VARIANTS)
+    mode, c = parse_level(level)
     if mode != LOAD_MODE:
         raise ValueError(
-            f"level {wildcards.level} is a {mode} level, and load.mode is {LOAD_MODE}; "
+            f"level {level} is a {mode} level, and load.mode is {LOAD_MODE}; "
             f"ask for {level_name(LOAD_MODE, LEVELS[0])}-style cells (levels {LEVELS})"
         )
     if ADAPTIVE["enabled"] and not LEVELS[0] <= c <= LEVELS[-1]:
@@ -150,13 +158,72 @@ def cell_inputs(wildcards):
     inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
     if LOAD_MODE == "trace":  # editing the trace reruns its cells
         inputs["trace"] = config["load"]["trace"]["path"]
-    if wildcards.arm in POLICY_ARMS:  # waits for the schedule; its content is a param (cell_spec_json)
-        policy_entry(variant, wildcards.arm)
     if config["variants"][variant].get("model_builder"):
         inputs["model"] = expand(rules.model.output[0], variant=variant)[0]
     if config["workload"]["dataset"]:  # an edited workload file re-measures the cells that send it
         inputs["dataset"] = config["workload"]["dataset"]["path"]
     return inputs
+
+
+def cell_inputs(wildcards):
+    inputs = level_inputs(wildcards.variant, wildcards.level)
+    known("arm", wildcards.arm, ARMS)
+    if wildcards.arm in POLICY_ARMS:  # waits for the schedule; its content is a param (cell_spec_json)
+        policy_entry(wildcards.variant, wildcards.arm)
+    return inputs
+
+
+def paired_inputs(wildcards):
+    return level_inputs(wildcards.variant, wildcards.level)
+
+
+REFERENCE_FIRST = [BASELINE_ARM] + [a for a in FIXED_ARMS if a != BASELINE_ARM]
+
+
+def paired_specs_json(wildcards):
+    """Every fixed arm's cell spec at the level, the baseline (the drift reference) first."""
+    arms = REFERENCE_FIRST
+    c = parse_level(wildcards.level)[1]
+    return dumps({a: cell_spec(config, wildcards.variant, a, c) for a in arms})
+
+
+def paired_policy_specs_json(wildcards):
+    """A policy arm's cell spec at the level, after the fixed arm its schedule serves there (measured with it in
+    interleaved blocks, as the proof's pair); the policy arm alone where no fixed arm serves that K."""
+    served = policy_entry(wildcards.variant, wildcards.arm)
+    c = parse_level(wildcards.level)[1]
+    spec = cell_spec(config, wildcards.variant, wildcards.arm, c, served)
+    ref = spec["pairing"]["reference"]
+    specs = {ref: cell_spec(config, wildcards.variant, ref, c)} if ref else {}
+    return dumps({**specs, wildcards.arm: spec})
+
+
+def instance_spec_json(wildcards):
+    c = parse_level(wildcards.level)[1]
+    return dumps(cell_spec(config, wildcards.variant, wildcards.arm, c, instance=int(wildcards.instance)))
+
+
+def instance_priority_of(wildcards):
+    return segment_priority(config, wildcards.variant, wildcards.arm, int(wildcards.instance), wildcards.level)
+
+
+def segment_cells(wildcards, name="summary.json"):
+    """Every fixed arm's instance cells at the level: what its merged cells are made of."""
+    n = instances(config, wildcards.variant)
+    return [
+        RES / wildcards.variant / a / wildcards.level / "instances" / f"i{k}" / name
+        for a in FIXED_ARMS
+        for k in range(1, n + 1)
+    ]
+
+
+def paired_priority_of(wildcards):
+    return level_priority(config, wildcards.variant, wildcards.level)
+
+
+def regex_of(names):
+    """A wildcard constraint matching exactly these names (nothing when there are none)."""
+    return "|".join(re.escape(n) for n in names) if names else "(?!)"
 
 
 def variant_analysis_json(wildcards):

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from specsweep.client.arrivals import (
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.datasets import Dataset, DatasetError
-from specsweep.client.loadgen import measure_level, new_session, warmup_count
+from specsweep.client.loadgen import LevelResult, measure_level, new_session, warmup_count
 from specsweep.client.prompts import (
     ChatRender,
     ChatTemplateUnavailable,
@@ -205,21 +206,28 @@ async def open_prompts(
     )
 
 
-async def measure(
+@dataclass
+class LevelInputs:
+    """What one arm sends at a level: its request template, prompt sets and (open loops) arrival plans."""
+
+    req: RequestSpec
+    prompts: LevelPrompts
+    n_requests: int
+    plans: list[ArrivalPlan] | None = None
+    warm_plan: ArrivalPlan | None = None
+
+
+async def level_inputs(
     spec: dict[str, Any],
     server: ServerSpec,
     url: str,
-    engine: Any,
     api_key: str | None,
     tokenizer_path: str | None,
-    plan: CpuPlan,
-    server_pid: int | None = None,
     dataset: Dataset | None = None,
     render: ChatRender | None = None,
-) -> tuple[Any, dict[str, Any]]:
-    """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
+) -> LevelInputs:
+    """The request template and prompts of the level (the same prompts, by seed, in every arm)."""
     workload = spec["workload"]
-    concurrency, n_requests = spec["concurrency"], spec["n_requests"]
     req = RequestSpec(
         url=url,
         backend=server.client_backend,
@@ -230,43 +238,30 @@ async def measure(
         api_key=api_key,
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    open_loop = spec.get("load", {}).get("mode", "closed") != "closed"
-    plans: list[ArrivalPlan] | None = None
-    warm_plan: ArrivalPlan | None = None
-    if open_loop:
+    if spec.get("load", {}).get("mode", "closed") != "closed":
         plans, warm_plan = arrival_plans(spec)
-        n_requests = len(plans[0])
         prompts = await open_prompts(spec, plans, warm_plan, url, headers, tokenizer_path, dataset, render)
-    else:
-        prompts = await build_prompts(spec, url, headers, tokenizer_path, dataset, render)
-    started = time.monotonic()
-    async with new_session(concurrency) as session:
-        info = await engine.server_info(session, url)
-        level = await measure_level(
-            req,
-            concurrency,
-            n_requests,
-            prompts,
-            fixed_output_tokens(workload["output_tokens"]),
-            warmup=workload["warmup_requests"],
-            repeats=spec["repeats"],
-            stagger=workload["stagger"] and not open_loop,
-            duration_s=workload["requests"].get("duration_s"),
-            hooks=engine,
-            server_pid=server_pid,
-            watch_cpus=plan.watched,
-            idle_probe_s=spec["client"]["idle_probe_s"],
-            session=session,
-            plans=plans,
-            max_in_flight=concurrency if open_loop else None,
-            warmup_plan=warm_plan,
-        )
-    level_s = time.monotonic() - started
+        return LevelInputs(req, prompts, len(plans[0]), plans, warm_plan)
+    prompts = await build_prompts(spec, url, headers, tokenizer_path, dataset, render)
+    return LevelInputs(req, prompts, spec["n_requests"])
+
+
+def level_summary_of(
+    spec: dict[str, Any],
+    level: LevelResult,
+    inputs: LevelInputs,
+    plan: CpuPlan,
+    info: Any,
+    dataset: Dataset | None,
+    level_s: float,
+) -> dict[str, Any]:
+    """summary.json's measured part for a level (the cell's identity and server facts are added by the caller)."""
+    workload, plans = spec["workload"], inputs.plans
     max_running = info.get("max_running_requests") if isinstance(info, dict) else None
     summary = level_summary(
         level,
-        prompts,
-        req,
+        inputs.prompts,
+        inputs.req,
         workload["output_tokens"],
         int(max_running) if isinstance(max_running, int | float) else None,
         cpus=plan,
@@ -296,19 +291,80 @@ async def measure(
     if plan.note:
         summary["measurement"]["flags"].append(plan.note)
     summary["server_info"] = info
+    return summary
+
+
+async def measure(
+    spec: dict[str, Any],
+    server: ServerSpec,
+    url: str,
+    engine: Any,
+    api_key: str | None,
+    tokenizer_path: str | None,
+    plan: CpuPlan,
+    server_pid: int | None = None,
+    dataset: Dataset | None = None,
+    render: ChatRender | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
+    workload = spec["workload"]
+    inputs = await level_inputs(spec, server, url, api_key, tokenizer_path, dataset, render)
+    open_loop = inputs.plans is not None
+    concurrency = spec["concurrency"]
+    started = time.monotonic()
+    async with new_session(concurrency) as session:
+        info = await engine.server_info(session, url)
+        level = await measure_level(
+            inputs.req,
+            concurrency,
+            inputs.n_requests,
+            inputs.prompts,
+            fixed_output_tokens(workload["output_tokens"]),
+            warmup=workload["warmup_requests"],
+            repeats=spec["repeats"],
+            stagger=workload["stagger"] and not open_loop,
+            duration_s=workload["requests"].get("duration_s"),
+            hooks=engine,
+            server_pid=server_pid,
+            watch_cpus=plan.watched,
+            idle_probe_s=spec["client"]["idle_probe_s"],
+            session=session,
+            plans=inputs.plans,
+            max_in_flight=concurrency if open_loop else None,
+            warmup_plan=inputs.warm_plan,
+        )
+    summary = level_summary_of(spec, level, inputs, plan, info, dataset, time.monotonic() - started)
     return level.records, summary
 
 
-def run_cell(
-    spec: dict[str, Any],
-    env_json: Path,
-    out_dir: Path,
-    state_dir: Path,
-    server_log_dir: Path,
-    startup_timeout_s: float | None = None,
-) -> tuple[Any, dict[str, Any]]:
-    """Measure the cell and write it; returns (records, summary). `startup_timeout_s` overrides the variant's
-    (a Snakemake resource, not part of the cell's spec: waiting longer for a server changes no measurement)."""
+@dataclass
+class PreparedCell:
+    """A cell's server recipe and client set-up, checked before any server is asked for."""
+
+    spec: dict[str, Any]
+    env_json: Path
+    env_fp: dict[str, Any]
+    variant: dict[str, Any]
+    python: str
+    plan: CpuPlan
+    dataset: Dataset | None
+    engine: Any
+    arm_name: str
+    arm: dict[str, Any]
+    api_key: str | None
+    label: str
+    host: str
+    tokenizer_path: str | None
+    render: ChatRender | None
+
+    def make_spec(self, port: int) -> ServerSpec:
+        return self.engine.server_spec(self.variant, self.arm_name, self.arm, self.host, port, self.python)
+
+
+def prepare_cell(spec: dict[str, Any], env_json: Path, startup_timeout_s: float | None = None) -> PreparedCell:
+    """Resolve the variant, CPU plan, dataset, engine, arm and key of a cell; every failure is a CellError
+    (or MissingAPIKey) naming the fix. `startup_timeout_s` overrides the variant's (a Snakemake resource, not
+    part of the cell's spec: waiting longer for a server changes no measurement)."""
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
     if startup_timeout_s is not None:
@@ -328,33 +384,41 @@ def run_cell(
         arm = {**arm, "schedule_file": str(path)}
     check_model(variant)
     api_key = api_key_from_env(variant.get("api_key_env"))
-    label = f"{spec['variant_name']}/{arm_name}"
-    host = variant.get("host") or "127.0.0.1"
-
-    def make_spec(port: int) -> ServerSpec:
-        return engine.server_spec(variant, arm_name, arm, host, port, python)
-
     tokenizer_path = variant.get("model") if variant["engine"] != "sim" else None
-    render = chat_render(spec["workload"], make_spec(0).client_backend, tokenizer_path)
-    log_path = server_log_dir / f"{spec['variant_name']}.{arm_name}.log"
-    t_ask = time.monotonic()
-    with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
-        server_ready_s = time.monotonic() - t_ask
-        server = make_spec(rec.port)
-        with pinned(plan.client):
-            records, summary = asyncio.run(
-                measure(
-                    spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid, dataset, render
-                )
-            )
+    prepared = PreparedCell(
+        spec=spec,
+        env_json=env_json,
+        env_fp=env_fp,
+        variant=variant,
+        python=python,
+        plan=plan,
+        dataset=dataset,
+        engine=engine,
+        arm_name=arm_name,
+        arm=arm,
+        api_key=api_key,
+        label=f"{spec['variant_name']}/{arm_name}",
+        host=variant.get("host") or "127.0.0.1",
+        tokenizer_path=tokenizer_path,
+        render=None,
+    )
+    prepared.render = chat_render(spec["workload"], prepared.make_spec(0).client_backend, tokenizer_path)
+    return prepared
+
+
+def finish_summary(
+    cell: PreparedCell, summary: dict[str, Any], server: ServerSpec, rec: servers.ServerRecord, ready_s: float
+) -> dict[str, Any]:
+    """The cell's identity, source and server facts added to its measured summary."""
+    spec = cell.spec
     summary.update(
         {
             "cell": cell_identity(
                 spec["experiment"],
                 spec["variant_name"],
-                arm_name,
+                cell.arm_name,
                 spec["concurrency"],
-                arm["speculative"],
+                cell.arm["speculative"],
                 spec.get("load", {}).get("mode", "closed"),
                 spec.get("level"),
             ),
@@ -366,13 +430,47 @@ def run_cell(
                 "info": summary.pop("server_info"),
                 "pid": rec.server_pid,
                 "started_at": rec.started_at,
-                "ready_after_s": server_ready_s,
+                "ready_after_s": ready_s,
                 "node": rec.node,
                 "slurm_job": os.environ.get("SLURM_JOB_ID"),  # None outside a cluster job
             },
-            "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
+            "stack": {"fingerprint": str(cell.env_json), "recipe": cell.env_fp.get("recipe")},
         }
     )
+    return summary
+
+
+def run_cell(
+    spec: dict[str, Any],
+    env_json: Path,
+    out_dir: Path,
+    state_dir: Path,
+    server_log_dir: Path,
+    startup_timeout_s: float | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Measure the cell and write it; returns (records, summary)."""
+    cell = prepare_cell(spec, env_json, startup_timeout_s)
+    log_path = server_log_dir / f"{spec['variant_name']}.{cell.arm_name}.log"
+    t_ask = time.monotonic()
+    with servers.acquire(state_dir, cell.make_spec, cell.host, cell.variant.get("port"), cell.label, log_path) as rec:
+        server_ready_s = time.monotonic() - t_ask
+        server = cell.make_spec(rec.port)
+        with pinned(cell.plan.client):
+            records, summary = asyncio.run(
+                measure(
+                    spec,
+                    server,
+                    rec.base_url,
+                    cell.engine,
+                    cell.api_key,
+                    cell.tokenizer_path,
+                    cell.plan,
+                    rec.server_pid,
+                    cell.dataset,
+                    cell.render,
+                )
+            )
+    summary = finish_summary(cell, summary, server, rec, server_ready_s)
     write_cell(out_dir, records, summary)
     return records, summary
 

@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fingerprint": ("specsweep.fingerprint", "write a stack fingerprint JSON"),
     "build-model": ("specsweep.modelbuild", "build a model locally in a variant's environment"),
     "cell": ("specsweep.cell", "measure one cell (variant x arm x concurrency)"),
+    "paired-level": ("specsweep.interleave", "measure one level of every fixed arm in interleaved blocks"),
+    "merge-segments": ("specsweep.segments", "merge each fixed arm's instance cells at a level into its cell"),
     "servers": ("specsweep.servers", "list or stop the servers of an experiment"),
     "crossover": ("specsweep.analysis.cli", "compute a variant's crossover, plots and policy"),
     "refine": ("specsweep.analysis.adaptive", "choose the levels an adaptive round adds inside the crossover interval"),

@@ -98,9 +98,39 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError("\n".join(_describe(e) for e in errors[:5]))
+    _resolve_same_as(config)
     _check_semantics(config)
     _expand_arms(config)
     return config
+
+
+AA_INSTANCE_ENV = "SPECSWEEP_ARM_INSTANCE"  # sets an A/A arm's server apart from its twin's (another identity)
+
+
+def _resolve_same_as(config: dict[str, Any]) -> None:
+    """An A/A arm (`same_as: <arm>`) takes the named arm's server configuration, with a variable of its own in
+    the server's environment so that it runs on an instance of its own (the same command line would otherwise
+    name the same server, which the lifecycle code reuses). Idempotent."""
+    arms: dict[str, Any] = config["arms"]
+    for name, arm in arms.items():
+        target = arm.get("same_as")
+        if target is None:
+            continue
+        twin = arms.get(target)
+        if twin is None or twin.get("same_as") or twin.get("policy") or twin.get("draft_lengths"):
+            why = "is not defined" if twin is None else "is itself an A/A, policy or multi-draft-length arm"
+            raise ConfigError(
+                f"config error at 'arms/{name}/same_as': arm '{target}' {why}; name a plain arm of the config "
+                f"({', '.join(a for a, c in arms.items() if not c.get('same_as'))})"
+            )
+        copied = {k: copy.deepcopy(v) for k, v in twin.items() if k not in ("family", "policy", "same_as")}
+        copied["env_vars"] = {**copied.get("env_vars", {}), AA_INSTANCE_ENV: name}
+        arms[name] = {**copied, "same_as": target}
+
+
+def aa_arms(config: dict[str, Any]) -> dict[str, str]:
+    """A/A arm -> the arm it repeats."""
+    return {name: arm["same_as"] for name, arm in config["arms"].items() if arm.get("same_as")}
 
 
 def _with_defaults(validator_cls: Any) -> Any:
@@ -128,7 +158,9 @@ def _check_semantics(config: dict[str, Any]) -> None:
         )
     if arms[base]["speculative"]:
         raise ConfigError(f"config error at 'arms/{base}': the baseline arm must have speculative: false")
-    if not any(a["speculative"] for a in arms.values()):
+    if arms[base].get("same_as"):
+        raise ConfigError(f"config error at 'arms/{base}': the baseline arm cannot be an A/A arm (same_as)")
+    if not any(a["speculative"] for a in arms.values() if not a.get("same_as")):
         raise ConfigError("config error at 'arms': define at least one arm with speculative: true")
     cap, top = config["workload"]["requests"].get("max"), max(config["concurrency"])
     if cap and not config["workload"]["requests"].get("duration_s") and cap < 2 * top:
@@ -236,7 +268,7 @@ def _expand_arms(config: dict[str, Any]) -> None:
     expanded: dict[str, Any] = {}
     renamed: dict[str, list[str]] = {}
     for name, arm in arms.items():
-        if not arm["speculative"]:
+        if not arm["speculative"] or arm.get("same_as"):  # an A/A arm is measured as it is, in no family
             expanded[name] = arm
             continue
         if arm.get("policy"):
@@ -428,7 +460,11 @@ def requests_for(config: dict[str, Any], concurrency: int) -> int:
 
 def speculative_arms(config: dict[str, Any]) -> list[str]:
     """The fixed speculative arms (sub-arms included, policy arms not)."""
-    return [name for name, arm in config["arms"].items() if arm["speculative"] and not arm.get("policy")]
+    return [
+        name
+        for name, arm in config["arms"].items()
+        if arm["speculative"] and not arm.get("policy") and not arm.get("same_as")
+    ]
 
 
 def cells(config: dict[str, Any]) -> list[Cell]:
@@ -448,6 +484,72 @@ def cell_priority(config: dict[str, Any], variant: str, arm: str, level: str) ->
     where the repeats are longest and its own warm-up is largest."""
     groups = [(v, a) for v in config["variants"] for a in config["arms"]]
     group = len(groups) - groups.index((variant, arm))
+    value = float(parse_level(level)[1])
+    return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
+
+
+def pairing_mode(config: dict[str, Any], variant: str) -> str:
+    """How the variant's fixed arms are measured: "interleaved" (all servers up at once, one job per level
+    alternating the arms' blocks) or "sequential" (one server at a time). `auto` interleaves closed-loop
+    levels of variants that hold no GPUs: their servers fit together (the simulated engine, vLLM's CPU build)."""
+    mode = config["pairing"]["mode"]
+    if mode != "auto":
+        return str(mode)
+    fits = config["variants"][variant].get("gpus") in (None, "")
+    return "interleaved" if fits and load_mode(config) == "closed" and len(fixed_arms(config)) > 1 else "sequential"
+
+
+def served_arm(config: dict[str, Any], policy_arm: str, served: dict[str, Any], running: int) -> str | None:
+    """The fixed arm whose configuration a policy arm's schedule serves at `running` requests: the baseline
+    where K is 0, else the family's member with that draft length (None where no member has it)."""
+    k = next((e[2] for e in served.get("schedule") or [] if e[0] <= running <= e[1]), 0)
+    if k == 0:
+        return str(config["analysis"]["baseline_arm"])
+    members = served.get("members") or {}
+    return next((m for m, mk in members.items() if mk == k), None)
+
+
+def instances(config: dict[str, Any], variant: str) -> int:
+    """Server instances per fixed arm of a sequential variant (`pairing.instances`); 1 where arms interleave
+    or the load is open (their cells are measured as they are)."""
+    if pairing_mode(config, variant) != "sequential" or load_mode(config) != "closed":
+        return 1
+    return int(config["pairing"]["instances"])
+
+
+def replicated_variants(config: dict[str, Any]) -> list[str]:
+    return [v for v in config["variants"] if instances(config, v) > 1]
+
+
+def segments(config: dict[str, Any], variant: str) -> list[tuple[str, int]]:
+    """The (arm, instance) segments of a replicated variant in the order they run: the fixed arms forward for
+    odd instances and reversed for even ones (baseline i1, eagle3 i1, eagle3 i2, baseline i2)."""
+    arms = [config["analysis"]["baseline_arm"]] + [
+        a for a in fixed_arms(config) if a != config["analysis"]["baseline_arm"]
+    ]
+    out = []
+    for k in range(1, instances(config, variant) + 1):
+        out += [(a, k) for a in (arms if k % 2 else list(reversed(arms)))]
+    return out
+
+
+def segment_priority(config: dict[str, Any], variant: str, arm: str, instance: int, level: str) -> int:
+    """Snakemake priority of an instance cell: the variant's segments in their order, each one's levels from
+    the highest down (as `cell_priority`), so each instance starts once and the order is counterbalanced."""
+    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
+    group = len(order) - order.index((variant, arm, instance))
+    value = float(parse_level(level)[1])
+    return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
+
+
+def interleaved_variants(config: dict[str, Any]) -> list[str]:
+    return [v for v in config["variants"] if pairing_mode(config, v) == "interleaved"]
+
+
+def level_priority(config: dict[str, Any], variant: str, level: str) -> int:
+    """Snakemake priority of an interleaved level: a variant's levels back to back, the highest first (the
+    order `cell_priority` gives each server's cells, for the same reason)."""
+    group = len(config["variants"]) - list(config["variants"]).index(variant)
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
 
@@ -481,13 +583,21 @@ def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
 
 
 def cell_spec(
-    config: dict[str, Any], variant: str, arm: str, concurrency: int, served: dict[str, Any] | None = None
+    config: dict[str, Any],
+    variant: str,
+    arm: str,
+    concurrency: int,
+    served: dict[str, Any] | None = None,
+    instance: int | None = None,
 ) -> dict[str, Any]:
     """Everything one cell's measurement depends on, and nothing else (a Snakemake param: changing it reruns
     the cell). Gates, SLOs and analysis settings judge stored records (`analysis_spec`, `tracking_spec`);
     the server start-up timeout is a resource of the rule (`startup_timeout_s`). A policy arm's cell also
     holds the schedule it serves (`served`: its family's entry of schedule.json)."""
     arm_cfg = config["arms"][arm]
+    if instance is not None:  # one segment of a replicated arm: a server instance of its own (another identity)
+        own = arm_cfg.get("env_vars", {}).get(AA_INSTANCE_ENV, arm)
+        arm_cfg = {**arm_cfg, "env_vars": {**arm_cfg.get("env_vars", {}), AA_INSTANCE_ENV: f"{own}.i{instance}"}}
     if arm_cfg.get("policy"):
         if not served or not served.get("schedule"):
             raise ConfigError(f"arm {arm} serves its family's derived schedule, and none was given")
@@ -495,6 +605,13 @@ def cell_spec(
         if served.get("file"):
             arm_cfg["schedule_file"] = served["file"]
     mode = load_mode(config)
+    if arm_cfg.get("policy") and pairing_mode(config, variant) == "interleaved":
+        ref = served_arm(config, arm, served or {}, int(concurrency))
+        spec = {**_common_cell_spec(config, variant, arm, arm_cfg), "concurrency": int(concurrency)}
+        spec["n_requests"] = requests_for(config, int(concurrency))
+        # measured in interleaved blocks with the fixed arm it serves here (None: a K no fixed arm measured)
+        spec["pairing"] = {"mode": "interleaved", "reference": ref}
+        return spec
     if mode != "closed":
         return {
             **_common_cell_spec(config, variant, arm, arm_cfg),
@@ -529,6 +646,7 @@ def open_request_count(config: dict[str, Any], level: float) -> int:
 
 
 def _common_cell_spec(config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any]) -> dict[str, Any]:
+    paired = pairing_mode(config, variant) == "interleaved" and not arm_cfg.get("policy")
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
@@ -536,6 +654,8 @@ def _common_cell_spec(config: dict[str, Any], variant: str, arm: str, arm_cfg: d
         "variant": _variant_for_arm(config["variants"][variant], arm),
         "arm_name": arm,
         "arm": arm_cfg,
+        # interleaved: measured in alternating blocks with these arms (a change of mode or arms re-measures)
+        "pairing": {"mode": "interleaved", "arms": fixed_arms(config)} if paired else {"mode": "sequential"},
         "repeats": config["repeats"],
         "workload": config["workload"],
         "client": config["client"],

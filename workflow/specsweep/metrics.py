@@ -631,10 +631,23 @@ def measure_summary(
         per_rep.append({"repeat": r, "metrics": m})
     all_lag = [x for r in reps for x in meta.get(r, {}).get("lag") or []]
     all_idle = [x for r in reps for x in meta.get(r, {}).get("idle_lag") or []]
-    pooled = repeat_metrics(records, concurrency, None, all_lag, all_idle) if len(records) else {}
+    return {"metrics": pooled_metrics(records, concurrency, per_rep, all_lag, all_idle), "repeats": per_rep}
+
+
+def pooled_metrics(
+    records: pd.DataFrame,
+    concurrency: int,
+    per_rep: list[dict[str, Any]],
+    lag: Sequence[float] = (),
+    idle_lag: Sequence[float] = (),
+) -> dict[str, Any]:
+    """The pooled metrics of a cell from all its records and its repeats' own metrics (`measure_summary`, and a
+    cell merged from several server instances, whose lag samples were not kept: its pooled lag is then empty,
+    the gates judge each repeat's own)."""
+    pooled = repeat_metrics(records, concurrency, None, list(lag), list(idle_lag)) if len(records) else {}
     if pooled:
         _pool_repeats(pooled, per_rep)
-    return {"metrics": pooled, "repeats": per_rep}
+    return pooled
 
 
 def _pool_repeats(pooled: dict[str, Any], per_rep: list[dict[str, Any]]) -> None:
@@ -663,6 +676,37 @@ def _pool_repeats(pooled: dict[str, Any], per_rep: list[dict[str, Any]]) -> None
             pooled["spec_counters"] = c
             if c["accept_length"] is not None:
                 pooled["accept_length"] = c["accept_length"]
+
+
+def block_drift(measured_summary: Mapping[str, Any]) -> float | None:
+    """An interleaved cell's steady throughput in its last block over its first, minus 1 (None: not an
+    interleaved cell with two blocks, or a block without the figure)."""
+    pairing = measured_summary.get("pairing") or {}
+    reps = measured_summary["repeats"]
+    if pairing.get("mode") != "interleaved" or len(reps) < 2:
+        return None
+    first, last = (min(reps, key=lambda r: int(r["repeat"])), max(reps, key=lambda r: int(r["repeat"])))
+    a, b = first["metrics"].get("output_tok_s_steady"), last["metrics"].get("output_tok_s_steady")
+    if not a or b is None:
+        return None
+    return float(b) / float(a) - 1.0
+
+
+def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(reason, flag) of the drift gate: an arm whose first and last interleaved blocks differ by more than
+    max_block_drift saw the host change speed inside the level (a step the paired ratio does not cancel)."""
+    if (measured_summary.get("pairing") or {}).get("mode") != "interleaved" or len(measured_summary["repeats"]) < 2:
+        return None, None
+    drift = block_drift(measured_summary)
+    if drift is None:
+        return None, "block drift not judged: a block's steady throughput is missing"
+    if abs(drift) > gates["max_block_drift"]:
+        return (
+            f"drift: steady throughput {drift:+.0%} from the first interleaved block to the last "
+            f"(> ±{gates['max_block_drift']:.0%}): the host changed speed during the level; re-measure it",
+            None,
+        )
+    return None, None
 
 
 def judge(
@@ -694,6 +738,12 @@ def judge(
         prefix = f"repeat {r}: " if multi else ""
         reasons += [prefix + x for x in v["reasons"]]
         flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
+    drift_reason, drift_flag = block_drift_gate(measured_summary, gates)
+    if drift_reason:
+        valid = False
+        reasons.append(drift_reason)
+    if drift_flag:
+        flags.append(drift_flag)
     pooled = dict(measured_summary["metrics"])
     if pooled:
         pooled["slos"] = dict(slos)

@@ -146,6 +146,7 @@ def kill_tree(pid: int, grace_s: float = 10.0) -> None:
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGCONT)  # a frozen server (interleaved arms) acts on SIGTERM only once resumed
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -365,6 +366,8 @@ def acquire(
             )
             if rec is not None and not reusable:
                 stop_record(state_dir, rec, reason=f"resource {probe.resource} needed by {label}")
+            for member in group_records(state_dir, probe.resource):
+                stop_record(state_dir, member, reason=f"resource {probe.resource} needed by {label}")
             if reusable:
                 assert rec is not None
                 log_event(state_dir, "reuse", label=label, identity=rec.identity, pid=rec.server_pid)
@@ -387,6 +390,116 @@ def acquire(
             or not is_ready(rec.base_url, probe.readiness_paths)
         ):
             raise ServerError(f"the server of {label} stopped during the cell; see {rec.log_path}")
+
+
+GROUP_SEP = "#"  # a group member's resource: <resource>#<slot>
+
+
+def group_records(state_dir: Path, resource: str) -> list[ServerRecord]:
+    """The servers of a group on `resource` (interleaved arms: one per slot, all holding the one resource)."""
+    return [r for r in records(state_dir) if r.resource.startswith(resource + GROUP_SEP) and _local(r)]
+
+
+def server_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def freeze(rec: ServerRecord) -> None:
+    """Stop the server's whole process tree (SIGSTOP), so an idle arm takes no CPU from the measured one."""
+    for p in server_tree(rec.server_pid):
+        with contextlib.suppress(psutil.Error):
+            p.suspend()
+
+
+def thaw(rec: ServerRecord) -> None:
+    """Resume a frozen server's process tree (SIGCONT); harmless on a running one."""
+    for p in server_tree(rec.server_pid):
+        with contextlib.suppress(psutil.Error):
+            p.resume()
+
+
+@contextlib.contextmanager
+def acquire_group(
+    state_dir: str | Path,
+    make_specs: dict[str, Callable[[int], ServerSpec]],
+    host: str,
+    configured_port: int | None,
+    labels: dict[str, str],
+    log_paths: dict[str, str | Path],
+) -> Iterator[dict[str, ServerRecord]]:
+    """Hold one server per slot, all up at once on one resource, for the block (an interleaved level).
+
+    The resource's lock is held throughout, as `acquire` holds it for one server; each slot's server is reused
+    by identity across levels. Every server is resumed on the way out, whatever happened inside (the caller
+    freezes the idle ones while another is measured)."""
+    state_dir = Path(state_dir)
+    slots = list(make_specs)
+    first = make_specs[slots[0]](configured_port or 0)
+    base = scoped_resource(first.resource)
+
+    def make_scoped(slot: str, port: int) -> ServerSpec:
+        return replace(make_specs[slot](port), resource=f"{base}{GROUP_SEP}{slot}")
+
+    recs: dict[str, ServerRecord] = {}
+    started: list[str] = []
+    with file_lock(state_dir / f"{_slug(base)}.lock"):
+        with file_lock(state_dir / "state.lock"):
+            owner = _owner()
+            plain = read_record(_record_path(state_dir, base))
+            if plain is not None:
+                stop_record(state_dir, plain, reason=f"resource {base} needed by the group {', '.join(slots)}")
+            for member in group_records(state_dir, base):
+                if member.resource.split(GROUP_SEP, 1)[1] not in slots:
+                    stop_record(state_dir, member, reason=f"resource {base} needed by the group {', '.join(slots)}")
+            taken: set[int] = set()
+            for i, slot in enumerate(slots):
+                probe = make_scoped(slot, 0)
+                rec = read_record(_record_path(state_dir, probe.resource))
+                if rec is not None:
+                    thaw(rec)
+                reusable = (
+                    rec is not None
+                    and rec.identity == probe.identity
+                    and rec.owner_pid == owner[0]
+                    and process_started(rec.server_pid) is not None
+                    and is_ready(rec.base_url, probe.readiness_paths)
+                )
+                if rec is not None and not reusable:
+                    stop_record(state_dir, rec, reason=f"{labels[slot]} changed")
+                if reusable:
+                    assert rec is not None
+                    log_event(state_dir, "reuse", label=labels[slot], identity=rec.identity, pid=rec.server_pid)
+                    recs[slot] = rec
+                    taken.add(rec.port)
+                    continue
+                port = pick_port(host, configured_port + i if configured_port else None, labels[slot])
+                while port in taken:
+                    port = pick_port(host, None, labels[slot])
+                taken.add(port)
+                recs[slot] = _start(state_dir, make_scoped(slot, port), labels[slot], Path(log_paths[slot]), owner)
+                started.append(slot)
+        for slot in started:
+            _wait_ready(state_dir, recs[slot], make_scoped(slot, recs[slot].port))
+            log_event(state_dir, "ready", label=labels[slot], identity=recs[slot].identity, pid=recs[slot].server_pid)
+        try:
+            yield recs
+        finally:
+            for rec in recs.values():
+                thaw(rec)
+        for slot, rec in recs.items():
+            current = read_record(_record_path(state_dir, rec.resource))
+            probe = make_scoped(slot, rec.port)
+            if (
+                process_started(rec.server_pid) is None
+                or current is None
+                or current.server_pid != rec.server_pid
+                or not is_ready(rec.base_url, probe.readiness_paths)
+            ):
+                raise ServerError(f"the server of {labels[slot]} stopped during the level; see {rec.log_path}")
 
 
 # ---------------------------------------------------------------- supervisor

@@ -22,11 +22,13 @@ from specsweep.analysis.bootstrap import (
     CellBootstrap,
     MetricSpec,
     bootstrap_cell,
+    cell_rng,
     percentile_interval,
 )
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
 from specsweep.analysis.outputs import output_match
+from specsweep.analysis.paired import PairedEstimate, paired_estimate
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
 
@@ -97,6 +99,9 @@ class AnalysisSettings:
     load: str = "closed"  # closed, open or trace: the unit of the levels
     gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
     slo_ms: dict[str, float] = field(default_factory=dict)  # the config's `slo:` as given (ms), for judging cells
+    # the A/A band (lo, hi) of the primary metric's ratio: the indifference zone of verdicts, schedules and
+    # proofs when the config has an A/A arm (`noise_floor`); None: no A/A arm measured
+    noise_band: tuple[float, float] | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AnalysisSettings:
@@ -198,8 +203,10 @@ def _metric_result(
     confidence: float,
     spec_arm: str,
     baseline_arm: str,
+    paired: list[PairedEstimate | None] | None = None,
 ) -> dict[str, Any]:
-    """Speedup curve, intervals, crossings and crossover interval for one metric."""
+    """Speedup curve, intervals, crossings and crossover interval for one metric. A level measured in
+    interleaved blocks takes its point and replicates from the paired estimate (`analysis.paired`)."""
     b_pt = np.array([c.point[spec.name] for c in base])
     s_pt = np.array([c.point[spec.name] for c in arm])
     b_rep = np.stack([c.replicates[spec.name] for c in base], axis=1) if base else np.zeros((0, 0))
@@ -210,6 +217,9 @@ def _metric_result(
         else:
             sp, sp_rep = b_pt / s_pt, b_rep / s_rep
     has = [bool(b.has_interval[spec.name] and a.has_interval[spec.name]) for b, a in zip(base, arm, strict=True)]
+    for i, pe in enumerate(paired or []):
+        if pe is not None:
+            sp[i], sp_rep[:, i], has[i] = pe.speedup, pe.replicates, True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         lo, hi = percentile_interval(sp_rep, confidence, axis=0) if sp_rep.size else (np.array([]),) * 2
@@ -496,6 +506,13 @@ def decide_verdict(
     return {"kind": kind, "reason": reason, "add_levels": [], "remeasure_levels": [], "notes": notes}
 
 
+def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
+    """How a level's speedup was estimated when its arms were interleaved (None: from separate cells)."""
+    if pe is None:
+        return None
+    return {"blocks": pe.pairs, "df": pe.df, "spread_dominates": pe.spread_dominates}
+
+
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     return {
         "arm": cell.arm,
@@ -558,8 +575,16 @@ def analyze_arm(
     levels = np.array(used, dtype=float)
     base_b = [boot(base_cells[c]) for c in used]
     spec_b = [boot(spec_cells[c]) for c in used]
+
+    def pair(m: MetricSpec, i: int, c: float) -> PairedEstimate | None:
+        b, s = base_cells[c], spec_cells[c]
+        rng = cell_rng(settings.seed, f"paired/{b.key}/{s.key}/{m.name}")
+        return paired_estimate(b, s, base_b[i], spec_b[i], m.name, m.higher_is_better, settings.replicates, rng)
+
+    paired = {m.name: [pair(m, i, c) for i, c in enumerate(used)] for m in METRICS}
     metrics = {
-        m.name: _metric_result(m, levels, base_b, spec_b, settings.confidence, spec_arm, baseline_arm) for m in METRICS
+        m.name: _metric_result(m, levels, base_b, spec_b, settings.confidence, spec_arm, baseline_arm, paired[m.name])
+        for m in METRICS
     }
     prim = metrics[settings.primary_metric]
     pname = settings.primary_metric
@@ -574,6 +599,7 @@ def analyze_arm(
                 speedup_hi=prim["speedup_hi"][i],
                 baseline_n_repeats=base_b[i].n_repeats.get(pname, 0),
                 spec_n_repeats=spec_b[i].n_repeats.get(pname, 0),
+                paired=_paired_entry(paired[pname][i]),
             )
         else:  # left out: its point values are still shown (flagged), without an interval
             pm = next(m for m in METRICS if m.name == settings.primary_metric)
@@ -619,6 +645,15 @@ def analyze_arm(
     methods = [b.method.get(pname, "none") for b in cells_b]
     n_reps = [b.n_repeats.get(pname, 0) for b in cells_b if b.has_interval.get(pname)]
     within_only, interval_note = _repeats_note(methods, n_reps)
+    pairs = [r["paired"] for r in per_level if r.get("paired")]
+    if pairs and len(pairs) == len(used):  # every level measured in interleaved blocks: the paired interval
+        blocks = sorted({p["blocks"] for p in pairs})
+        within_only = blocks == [1]
+        interval_note = (
+            f"interleaved arms: {'/'.join(map(str, blocks))} block(s) per arm and level, the speedup from each "
+            "block against its neighbouring baseline blocks"
+            + ("; 1 block: intervals hold within-block noise only, use repeats >= 2" if within_only else "")
+        )
     return {
         "baseline_arm": baseline_arm,
         "spec_arm": spec_arm,
@@ -664,10 +699,29 @@ def analyze_variant(
     experiment: str = "",
     variant: str = "",
     engine: str = "",
+    aa_arms: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Every speculative arm of a variant against its baseline arm: the body of crossover.json."""
+    """Every speculative arm of a variant against its baseline arm: the body of crossover.json. With A/A arms
+    (arm -> the arm it repeats), their noise floor first: its band is set on `settings.noise_band`, and every
+    level whose speedup lies inside it reads "within the noise"."""
     cache: dict[str, CellBootstrap] = {}
+    noise = noise_floor(cells, aa_arms or {}, settings, cache)
+    settings.noise_band = (noise["band"]["lo"], noise["band"]["hi"]) if noise and noise["band"] else None
     arms = {a: analyze_arm(cells, baseline_arm, a, settings, cache) for a in spec_arms}
+    if settings.noise_band is not None:
+        lo, hi = settings.noise_band
+        for ar in arms.values():
+            inside = []
+            for row in ar["per_level"]:
+                sp = row.get("speedup")
+                row["within_noise"] = None if sp is None or not row["used"] else bool(lo <= sp <= hi)
+                if row["within_noise"]:
+                    inside.append(row["concurrency"])
+            if inside:
+                ar["verdict"]["notes"].append(
+                    f"{LEVEL_SYMBOL[settings.load]}={levels_text(inside)}: within the noise (inside the A/A band "
+                    f"[{lo:.3g}, {hi:.3g}]): no better or worse than the baseline as far as this set-up can tell"
+                )
     if settings.load != "closed":  # the answer in the unit the policy acts on (analysis/running.py)
         for a, ar in arms.items():
             ar["running_requests"] = running_requests_view(ar, cells.get(baseline_arm, {}), cells.get(a, {}))
@@ -701,4 +755,43 @@ def analyze_variant(
         "include_invalid": settings.include_invalid,
         "slo": settings.slo,
         "arms": arms,
+        "noise_floor": noise,
+    }
+
+
+def noise_floor(
+    cells: dict[str, dict[float, Cell]],
+    aa_arms: dict[str, str],
+    settings: AnalysisSettings,
+    cache: dict[str, CellBootstrap],
+) -> dict[str, Any] | None:
+    """The A/A comparisons: each A/A arm against the arm it repeats, per level (ratio and interval), the share
+    of levels whose interval excludes 1 (a verdict that says "different" where nothing differs), and the band:
+    the furthest either end of an A/A interval strayed from 1, made symmetric on the log scale."""
+    if not aa_arms:
+        return None
+    comparisons, logs, judged, excluding = {}, [], 0, 0
+    for aa, twin in aa_arms.items():
+        res = analyze_arm(cells, twin, aa, settings, cache)
+        rows = []
+        for r in res["per_level"]:
+            lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+            row = {"concurrency": r["concurrency"], "ratio": r.get("speedup"), "lo": lo, "hi": hi}
+            if r["used"] and lo is not None and hi is not None and lo > 0:
+                judged += 1
+                row["excludes_one"] = bool(lo > 1.0 or hi < 1.0)
+                excluding += row["excludes_one"]
+                logs += [abs(math.log(lo)), abs(math.log(hi))]
+            else:
+                row["excludes_one"] = None
+            rows.append(row)
+        comparisons[aa] = {"of": twin, "per_level": rows}
+    half = max(logs) if logs else None
+    return {
+        "metric": settings.primary_metric,
+        "comparisons": comparisons,
+        "levels_judged": judged,
+        "levels_excluding_one": excluding,
+        "false_verdict_share": excluding / judged if judged else None,
+        "band": {"lo": math.exp(-half), "hi": math.exp(half)} if half is not None else None,
     }

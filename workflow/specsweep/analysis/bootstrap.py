@@ -261,6 +261,10 @@ class CellBootstrap:
     has_interval: dict[str, bool] = field(default_factory=dict)
     method: dict[str, str] = field(default_factory=dict)
     n_repeats: dict[str, int] = field(default_factory=dict)
+    # per metric, each repeat's own value and the variance of its log from its block bootstrap (with the
+    # degrees of freedom of that estimate): what a paired comparison of interleaved blocks rests on
+    repeat_values: dict[str, dict[int, float]] = field(default_factory=dict)
+    repeat_log_var: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
 
 
 _MAX_LOG_DRAW = 30.0
@@ -335,6 +339,18 @@ def _across_repeats(
     return point + draws
 
 
+def _log_var(rb: RepeatReplicates, name: str) -> tuple[float, int] | None:
+    """The block-bootstrap variance of a repeat's log value (bias-corrected) and its degrees of freedom."""
+    ratio = rb.replicates[name] / rb.full[name]
+    ratio = ratio[np.isfinite(ratio)]
+    if ratio.size < 2 or not _positive(ratio):
+        return None
+    k = rb.k(name)
+    if k < 2:
+        return None
+    return float(np.var(np.log(ratio))) * k / (k - 1), k - 1
+
+
 def _repeat_value(spec: MetricSpec, rep_metrics: dict[str, Any] | None) -> float:
     return spec.value({"metrics": rep_metrics}) if rep_metrics else float("nan")
 
@@ -400,6 +416,8 @@ def bootstrap_cell(
             if np.isfinite(rb.full.get(name, np.nan)) and rb.full[name] != 0 and name in rb.replicates
         ]
         values = _repeat_values(m, repeats, per_rep, rep_metrics, p, f) if usable else {}
+        out.repeat_values[name] = values
+        out.repeat_log_var[name] = {rb.repeat: v for rb in usable if (v := _log_var(rb, name)) is not None}
         if np.isfinite(p) and p != 0 and len(values) >= 2:
             vals = np.array(list(values.values()))
             within = [(rb, values[rb.repeat]) for rb in usable if rb.repeat in values]

@@ -48,7 +48,9 @@ def _arm_roles(
     default_base: str,
 ) -> tuple[str, list[str]]:
     """Baseline and speculative arms: flags first, then config (`analysis.baseline_arm`, `speculative:`)."""
-    arms_cfg = {a: c for a, c in (config.get("arms") or {}).items() if not (c or {}).get("policy")}
+    arms_cfg = {
+        a: c for a, c in (config.get("arms") or {}).items() if not ((c or {}).get("policy") or (c or {}).get("same_as"))
+    }
     arms_found = [a for a in arms_found if not ((config.get("arms") or {}).get(a) or {}).get("policy")]
     if baseline is None:
         plain = [a for a, c in arms_cfg.items() if not (c or {}).get("speculative", False)]
@@ -102,7 +104,10 @@ def analyze_cells(
     any_summary = next(iter(next(iter(cells.values())).values())).summary
     engine = str(variant_cfg.get("engine") or any_summary.get("engine") or "")
     experiment = experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
-    result = analyze_variant(cells, baseline, spec, settings, experiment=experiment, variant=variant, engine=engine)
+    aa = {a: c["same_as"] for a, c in (config.get("arms") or {}).items() if (c or {}).get("same_as") and a in cells}
+    result = analyze_variant(
+        cells, baseline, spec, settings, experiment=experiment, variant=variant, engine=engine, aa_arms=aa
+    )
     return result, cells
 
 

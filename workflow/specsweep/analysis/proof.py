@@ -16,7 +16,8 @@ from typing import Any
 
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, levels_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap
-from specsweep.analysis.cells import Cell
+from specsweep.analysis.cells import Cell, load_cell
+from specsweep.analysis.paired import paired
 
 __all__ = ["best_fixed", "policy_proof"]
 
@@ -37,6 +38,20 @@ def best_fixed(cells: dict[str, dict[float, Cell]], arms: list[str], metric: str
     return max(scored)[1] if scored else None
 
 
+def paired_reference(policy_cell: Cell, settings: AnalysisSettings) -> Cell | None:
+    """The re-measurement of the fixed arm a policy cell serves, taken in interleaved blocks with it
+    (`reference/` beside the policy cell; specsweep.interleave), judged like every cell; None without one."""
+    ref = policy_cell.path / "reference"
+    if not (ref / "summary.json").is_file():
+        return None
+    cell = load_cell(ref, concurrency=policy_cell.concurrency, gates=settings.gates, slos=settings.slo_ms)
+    if not paired(cell, policy_cell):
+        return None
+    # its own key: the fixed arm's cell of the sweep has the same identity, and bootstraps are cached by key
+    cell.summary["cell"] = {**cell.summary["cell"], "key": f"{policy_cell.key}/reference"}
+    return cell
+
+
 def _arm_proof(
     cells: dict[str, dict[float, Cell]],
     policy_arm: str,
@@ -48,7 +63,11 @@ def _arm_proof(
     metric = settings.primary_metric
     envelope: dict[float, Cell] = {}
     best_of: dict[float, str] = {}
-    for c in sorted(cells.get(policy_arm, {})):
+    for c, policy_cell in sorted(cells.get(policy_arm, {}).items()):
+        reference = paired_reference(policy_cell, settings)
+        if reference is not None:  # the fixed arm the policy serves here, measured with it block by block
+            envelope[c], best_of[c] = reference, reference.arm
+            continue
         arm = best_fixed(cells, fixed, metric, c)
         if arm is not None:
             envelope[c], best_of[c] = cells[arm][c], arm
@@ -64,6 +83,8 @@ def _arm_proof(
         if not r["used"] or lo is None or hi is None:
             status = "not judged"
             unjudged.append(c)
+        elif hi < 1.0 and settings.noise_band is not None and r["speedup"] >= settings.noise_band[0]:
+            status = "holds"  # below 1, but inside the A/A band: as far from 1 as two copies of one arm get
         elif hi < 1.0:
             status = "fails"
             failing.append(c)
@@ -75,6 +96,7 @@ def _arm_proof(
             {
                 "concurrency": c,
                 "best_fixed_arm": best_of.get(c),
+                "paired": bool((r.get("paired") or {}).get("blocks")),  # against the served arm, interleaved
                 "policy_value": r.get("spec_value"),
                 "best_value": r.get("baseline_value"),
                 "ratio": r.get("speedup"),

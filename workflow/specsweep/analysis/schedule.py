@@ -104,7 +104,10 @@ def level_choices(
             else:
                 r = rows(best["arm"], cand["arm"]).get(c) or {}
                 cand.update(ratio=r.get("speedup"), ratio_lo=r.get("speedup_lo"), ratio_hi=r.get("speedup_hi"))
-            cand["within_noise"] = cand["ratio_hi"] is not None and cand["ratio_hi"] >= 1.0
+            band = settings.noise_band  # the A/A band, where measured: a ratio inside it is no loss either
+            cand["within_noise"] = (cand["ratio_hi"] is not None and cand["ratio_hi"] >= 1.0) or (
+                band is not None and cand["ratio"] is not None and cand["ratio"] >= band[0]
+            )
         chosen = next(x for x in cands if x["within_noise"])  # sorted by K: the smallest not shown worse
         out.append(
             {"concurrency": c, "best": best["arm"], "chosen": chosen["arm"], "k": chosen["k"], "candidates": cands}

@@ -160,8 +160,30 @@ def format_table(result: dict[str, Any]) -> str:
         for note in (ar.get("verdict") or {}).get("notes") or []:
             lines.append(f"{name}: note: {note}")
         lines.append(_policy_line(name, ar, result.get("policy_rule", "crossover_lower")))
+    lines += _noise_lines(result, conf)
     lines += _proof_lines(result, conf)
     return "\n".join(lines)
+
+
+def _noise_lines(result: dict[str, Any], conf: int) -> list[str]:
+    """The A/A comparisons (an arm against a copy of itself on another server instance) and their band."""
+    noise = result.get("noise_floor")
+    if not noise:
+        return []
+    lines = []
+    for aa, comp in noise["comparisons"].items():
+        cells = ", ".join(
+            f"{_fmt(r['concurrency'])}: {_fmt(r['ratio'])} [{_fmt(r['lo'])}, {_fmt(r['hi'])}]"
+            for r in comp["per_level"]
+        )
+        lines.append(f"A/A {aa} vs {comp['of']} ({conf}% CI) at C = {cells}")
+    share, band = noise["false_verdict_share"], noise["band"]
+    lines.append(
+        f"A/A: {noise['levels_excluding_one']} of {noise['levels_judged']} level intervals exclude 1"
+        + (f" (false-verdict share {share:.0%})" if share is not None else "")
+        + (f"; noise band [{_fmt(band['lo'])}, {_fmt(band['hi'])}]: the indifference zone" if band else "")
+    )
+    return lines
 
 
 def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:

@@ -7,7 +7,11 @@ knowing request ids; the HTTP-error fault draws from its own seeded stream.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import sys
+import time
 from dataclasses import asdict, dataclass
 
 
@@ -140,3 +144,62 @@ def faults_from_args(args: argparse.Namespace) -> FaultConfig:
         slow_start_s=args.fault_slow_start_s,
         corrupt_output_fraction=args.fault_corrupt_output_fraction,
     )
+
+
+DRIFT_ENV = "SPECSWEEP_SIM_DRIFT_FILE"
+DRIFT_RECHECK_S = 0.05  # how often a server looks at the drift file again (a stat call)
+
+
+class HostDrift:
+    """A host that slows down for a while: every simulated server on the machine reads the same file.
+
+    The file (named by $SPECSWEEP_SIM_DRIFT_FILE, read again when it changes) holds
+    `{"factor": 1.3, "start_unix": T0, "end_unix": T1}`: between those wall-clock times every step takes `factor`
+    times as long. It stands for what a real host does between measurements (another tenant, a frequency or
+    vCPU speed switch), so tests can show what such drift does to each measuring design.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._checked = -1.0
+        self._mtime: float | None = None
+        self._window: tuple[float, float, float] | None = None
+
+    @classmethod
+    def from_env(cls) -> HostDrift:
+        return cls(os.environ.get(DRIFT_ENV) or None)
+
+    def _reload(self, now_mono: float) -> None:
+        self._checked = now_mono
+        try:
+            mtime = os.stat(self.path).st_mtime if self.path else None
+        except OSError:
+            mtime = None
+        if mtime == self._mtime:
+            return
+        self._mtime, self._window = mtime, None
+        if mtime is None or self.path is None:
+            return
+        try:
+            d = json.loads(open(self.path).read())
+            self._window = (float(d["factor"]), float(d["start_unix"]), float(d["end_unix"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"drift file {self.path} unreadable ({e}); no drift applied", file=sys.stderr)
+
+    def factor(self) -> float:
+        """The slow-down that applies now (1.0 outside the window or without a file)."""
+        if self.path is None:
+            return 1.0
+        now_mono = time.monotonic()
+        if now_mono - self._checked >= DRIFT_RECHECK_S:
+            self._reload(now_mono)
+        if self._window is None:
+            return 1.0
+        f, start, end = self._window
+        return f if start <= time.time() < end else 1.0
+
+    def active(self) -> dict[str, float] | None:
+        if self._window is None:
+            return None
+        f, start, end = self._window
+        return {"factor": f, "start_unix": start, "end_unix": end}

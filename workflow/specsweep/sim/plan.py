@@ -29,7 +29,16 @@ from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.client.loadgen import warmup_count
-from specsweep.config import ConfigError, fixed_arms, load, load_mode, policy_arms, requests_for, speculative_arms
+from specsweep.config import (
+    ConfigError,
+    fixed_arms,
+    instances,
+    load,
+    load_mode,
+    policy_arms,
+    requests_for,
+    speculative_arms,
+)
 from specsweep.sim.engine import parse_schedule
 from specsweep.sim.predict import CLIENT_TURNAROUND_S, level_records, run_level
 from specsweep.sim.profile import Profile, load_profile
@@ -53,10 +62,16 @@ class PlannedSweep:
     crossover: dict[str, dict[str, Any]] = field(default_factory=dict)  # per speculative arm
     schedules: dict[str, Any] = field(default_factory=dict)  # per family: the derived schedule (None: none)
     proof: dict[str, Any] = field(default_factory=dict)  # per family: the policy arm against the best fixed arm
+    instances: int = 1  # server instances per fixed arm (pairing.instances of a sequential variant)
+    replicated_arms: list[str] = field(default_factory=list)  # the arms whose cost is instances x
 
     @property
     def total_s(self) -> float:
         return float(sum(self.measure_s.values()))
+
+    def one_instance_s(self) -> float:
+        """What the sweep would cost with one server instance per arm (no replication)."""
+        return float(sum(s / self.instances if a in self.replicated_arms else s for a, s in self.measure_s.items()))
 
     def width(self, arm: str) -> float | None:
         """hi/lo of the arm's crossover interval, None when it is open or there is none."""
@@ -74,6 +89,8 @@ class PlannedSweep:
             "measure_s": self.measure_s,
             "server_starts": self.server_starts,
             "total_s": self.total_s,
+            "instances": self.instances,
+            "total_s_one_instance": self.one_instance_s(),
             "rounds": self.rounds,
             "schedules": self.schedules,
             "policy_proof": {
@@ -166,14 +183,15 @@ def plan_sweep(
     cells: dict[str, dict[float, Cell]] = {a: {} for a in arms}
     seconds = dict.fromkeys(arms, 0.0)
     starts = dict.fromkeys(arms, 0)
+    n = instances(config, variant)  # each replicated segment measures every level again, on a fresh server
 
     def measure(levels: list[int]) -> dict[str, Any]:
         for i, a in enumerate(arms):
-            starts[a] += 1  # one server start per arm and round (arms take turns on the GPUs)
-            seconds[a] += server_start_s
+            starts[a] += n  # one server start per arm, instance and round (arms take turns on the GPUs)
+            seconds[a] += n * server_start_s
             for c in levels:
                 cells[a][float(c)], s = virtual_cell(profile, config, variant, a, c, seed * 7919 + i)
-                seconds[a] += s
+                seconds[a] += n * s
         return analyze_variant(cells, settings.baseline_arm, spec_arms, settings, config["experiment"], variant, "sim")
 
     result = measure(grid)
@@ -212,6 +230,8 @@ def plan_sweep(
         crossover={a: result["arms"][a]["crossover"] or {} for a in spec_arms},
         schedules={f: e.get("schedule") for f, e in schedules["families"].items()},
         proof=proof,
+        instances=n,
+        replicated_arms=list(arms),
     )
 
 
@@ -239,6 +259,11 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
         lines.append(f"          requests per level: {', '.join(f'{c}:{n}' for c, n in p.requests.items())}")
         cost = ", ".join(f"{a} {s / 60:.1f} min ({p.server_starts[a]} starts)" for a, s in p.measure_s.items())
         lines.append(f"          measuring: {cost}; total {p.total_s / 60:.1f} min")
+        if p.instances > 1:
+            lines.append(
+                f"          replication: {p.instances} server instances per fixed arm (pairing.instances): "
+                f"{p.total_s / 60:.1f} min; with one instance {p.one_instance_s() / 60:.1f} min"
+            )
         for a in spec_arms:
             lines.append(f"          {a}: crossover {_interval(p, a)}")
         for fam, sched in p.schedules.items():

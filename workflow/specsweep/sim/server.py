@@ -31,7 +31,7 @@ from specsweep.sim.engine import (
     StepResult,
     parse_schedule,
 )
-from specsweep.sim.faults import FaultConfig, FaultState, add_fault_arguments, faults_from_args
+from specsweep.sim.faults import FaultConfig, FaultState, HostDrift, add_fault_arguments, faults_from_args
 from specsweep.sim.prefixcache import PrefixCache
 from specsweep.sim.profile import Profile, load_profile
 
@@ -105,6 +105,7 @@ class SimServer:
         self.debug_timestamps = debug_timestamps
         self.faults = faults or FaultConfig()
         self.fault_state = FaultState(self.faults, seed)
+        self.drift = HostDrift.from_env()  # tests: every sim server on the host slows during a window
         self.prefix_cache = PrefixCache()
         self.model_name = f"specsweep-sim/{profile.name}"
         self.started_at = time.monotonic()
@@ -177,7 +178,7 @@ class SimServer:
                 next_start = None
             start = now if next_start is None else next_start
             res = self.engine.step(start)
-            end = start + res.duration
+            end = start + res.duration * self.drift.factor()
             delay = end - time.monotonic()
             await asyncio.sleep(delay if delay > 0 else 0)
             self.loop_late_max_s = max(self.loop_late_max_s, time.monotonic() - end)
@@ -308,6 +309,7 @@ class SimServer:
             "profile_params": p.to_dict(),
             "debug_timestamps": self.debug_timestamps,
             "faults": self.faults.active(),
+            "drift": self.drift.active(),
             "sim_loop": {
                 "steps": self.engine.steps,
                 "schedule_resets": self.loop_resets,

@@ -1,0 +1,145 @@
+"""Paired measurement against host drift: the same slow-down biases arms measured one after the other, and leaves
+arms measured in interleaved blocks where an undisturbed run puts them.
+
+The drift fault (specsweep.sim.faults.HostDrift) slows every simulated server on the machine by 30% from a moment
+on. In the sequential design that moment is when the speculative arm's server starts, so the slow-down covers
+exactly one arm's measurement, as a slow host period would. In the interleaved design it starts as long after the
+first server as it did there: levels before it are undisturbed, levels after it are slowed in every arm alike, and
+the level it falls into sees its reference arm drift between its first and last block, is judged invalid
+(`gates.max_block_drift`) and is measured again by the same job.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specsweep.sim.faults import DRIFT_ENV
+from tests.conftest import sim_server_processes
+from tests.pipeline.conftest import snakemake
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(600)]
+
+LEVELS = [1, 4, 16]
+DRIFT = 1.3
+CONFIG: dict[str, Any] = {
+    "experiment": "drift",
+    "concurrency": LEVELS,
+    "repeats": 2,  # two blocks per arm and level: A B | B A
+    "workload": {"input_tokens": 16, "output_tokens": 24, "requests": {"per_concurrency": 4, "floor": 12}},
+    "gates": {"max_block_drift": 0.1},
+    "analysis": {"bootstrap_samples": 400},
+    "policy": {"measure": False},
+    "mlflow": {"enabled": False},
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {"sim": {"engine": "sim", "profile": "demo"}},
+}
+
+
+def run(workdir: Path, mode: str, drift_file: Path | None = None) -> subprocess.CompletedProcess[str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump({**CONFIG, "pairing": {"mode": mode}}))
+    return snakemake(workdir, "crossover", env={DRIFT_ENV: str(drift_file)} if drift_file else None)
+
+
+def per_level(workdir: Path) -> dict[float, dict[str, Any]]:
+    x = json.loads((workdir / "results" / "drift" / "sim" / "crossover.json").read_text())
+    return {r["concurrency"]: r for r in x["arms"]["eagle3"]["per_level"]}
+
+
+def events(workdir: Path) -> list[str]:
+    log = workdir / "results" / "drift" / ".servers" / "servers.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+class DriftAt(threading.Thread):
+    """Writes the drift file (DRIFT from then on) once `when(events, t_first_start)` says so."""
+
+    def __init__(self, workdir: Path, path: Path, when: Any) -> None:
+        super().__init__(daemon=True)
+        self.workdir, self.path, self.when = workdir, path, when
+        self.fired_at: float | None = None
+        self.first_start: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            ev = events(self.workdir)
+            if self.first_start is None and any(" start " in e for e in ev):
+                self.first_start = time.time()
+            if self.first_start is not None and self.when(ev, self.first_start):
+                self.fired_at = time.time()
+                self.path.write_text(json.dumps({"factor": DRIFT, "start_unix": self.fired_at, "end_unix": 4e9}))
+                return
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pairing")
+    out = {"clean": root / "clean", "sequential": root / "sequential", "interleaved": root / "interleaved"}
+    proc = run(out["clean"], "interleaved")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    seq_file = root / "drift-sequential.json"
+    seq = DriftAt(out["sequential"], seq_file, lambda ev, t0: any(" start label=sim/eagle3" in e for e in ev))
+    seq.start()
+    proc = run(out["sequential"], "sequential", seq_file)
+    seq.stop.set()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert seq.fired_at is not None and seq.first_start is not None
+    offset = seq.fired_at - seq.first_start  # the baseline arm's whole sweep
+
+    int_file = root / "drift-interleaved.json"
+    inter = DriftAt(out["interleaved"], int_file, lambda ev, t0: time.time() - t0 >= offset)
+    inter.start()
+    proc = run(out["interleaved"], "interleaved", int_file)
+    inter.stop.set()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert inter.fired_at is not None, "the drift never started: the interleaved run ended before the offset"
+    assert not sim_server_processes(root)
+    return out
+
+
+def test_sequential_design_is_biased_by_drift(runs: dict[str, Path]) -> None:
+    clean, drifted = per_level(runs["clean"]), per_level(runs["sequential"])
+    for c in LEVELS:
+        assert clean[c]["used"] and drifted[c]["used"], (clean[c], drifted[c])
+        # the speculative arm ran 30% slower: its speedup reads ~1/1.3 of the truth, below the clean interval
+        assert drifted[c]["speedup"] < clean[c]["speedup_lo"], (c, drifted[c]["speedup"], clean[c])
+        assert drifted[c]["speedup"] == pytest.approx(clean[c]["speedup"] / DRIFT, rel=0.12)
+
+
+def test_interleaved_design_stays_inside_the_undisturbed_interval(runs: dict[str, Path]) -> None:
+    clean, drifted = per_level(runs["clean"]), per_level(runs["interleaved"])
+    for c in LEVELS:
+        assert clean[c]["used"] and drifted[c]["used"], (clean[c], drifted[c])
+        assert drifted[c]["paired"] is not None
+        assert clean[c]["speedup_lo"] <= drifted[c]["speedup"] <= clean[c]["speedup_hi"], (c, drifted[c], clean[c])
+
+
+def test_interleaved_level_records_its_blocks_and_attempts(runs: dict[str, Path]) -> None:
+    res = runs["interleaved"] / "results" / "drift" / "sim"
+    for c in LEVELS:
+        base = json.loads((res / "baseline" / f"c{c}" / "summary.json").read_text())
+        spec = json.loads((res / "eagle3" / f"c{c}" / "summary.json").read_text())
+        assert base["pairing"]["id"] == spec["pairing"]["id"]
+        assert base["pairing"]["order"] == [["baseline", "eagle3"], ["eagle3", "baseline"]]
+        starts = [b["start_unix"] for b in base["pairing"]["blocks"]]
+        assert starts == sorted(starts) and [b["arm"] for b in base["pairing"]["blocks"]] == [
+            "baseline",
+            "eagle3",
+            "eagle3",
+            "baseline",
+        ]
+        attempts = base["pairing"]["attempts"]
+        assert attempts[-1]["counted"] and all(not a["counted"] for a in attempts[:-1])
+        for a in attempts[:-1]:  # an attempt that did not count is kept beside the cell
+            assert (res / "baseline" / f"c{c}" / "attempts" / a["id"] / "summary.json").is_file()

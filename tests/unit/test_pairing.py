@@ -1,0 +1,203 @@
+"""Paired measurement: the block order, the paired estimate, the drift gate, A/A arms and the served arm."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specsweep.analysis.bootstrap import CellBootstrap
+from specsweep.analysis.cells import Cell
+from specsweep.analysis.paired import neighbour_weights, paired_estimate
+from specsweep.config import (
+    AA_INSTANCE_ENV,
+    ConfigError,
+    aa_arms,
+    fixed_arms,
+    pairing_mode,
+    served_arm,
+    speculative_arms,
+    validate,
+)
+from specsweep.interleave import block_order, out_dirs, transient
+from specsweep.metrics import block_drift_gate
+
+pytestmark = pytest.mark.unit
+
+
+def test_block_order_is_counterbalanced() -> None:
+    assert block_order(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert block_order(["a", "b", "c"], 2) == [["a", "b", "c"], ["c", "b", "a"]]
+
+
+def blocks(order: list[list[str]]) -> list[dict[str, Any]]:
+    out, t = [], 0.0
+    for r, arms in enumerate(order):
+        for arm in arms:
+            out.append({"arm": arm, "repeat": r, "start_unix": t, "end_unix": t + 1})
+            t += 1
+    return out
+
+
+def test_each_block_is_set_against_its_neighbours() -> None:
+    w = neighbour_weights(blocks(block_order(["base", "spec"], 2)), "base", "spec")
+    # base0 spec0 | spec1 base1: both spec blocks sit between base0 and base1
+    assert w == {0: {0: 0.5, 1: 0.5}, 1: {0: 0.5, 1: 0.5}}
+    w3 = neighbour_weights(blocks(block_order(["base", "spec"], 3)), "base", "spec")
+    assert w3[2] == {2: 1.0}  # ... base1 | base2 spec2: the last block has a neighbour on one side only
+    assert all(math.isclose(sum(v.values()), 1.0) for v in w3.values())
+
+
+def cell(arm: str, pid: str, order: list[list[str]]) -> Cell:
+    summary = {"pairing": {"mode": "interleaved", "id": pid, "blocks": blocks(order)}, "cell": {"key": f"x/{arm}"}}
+    return Cell(arm=arm, concurrency=1.0, path=Path("/nonexistent"), summary=summary)
+
+
+def boot(values: dict[int, float], log_var: float = 1e-4, df: int = 9) -> CellBootstrap:
+    name = "aggregate_tok_s"
+    b = CellBootstrap(point={name: float(np.mean(list(values.values())))}, replicates={})
+    b.repeat_values[name] = values
+    b.repeat_log_var[name] = {r: (log_var, df) for r in values}
+    return b
+
+
+def test_a_drift_linear_over_the_level_cancels() -> None:
+    order = block_order(["base", "spec"], 2)
+    delta = 0.1  # the host slows by 10% per block: base0, spec0, spec1, base1 at t = 0, 1, 2, 3
+    base = boot({0: 100.0, 1: 100.0 * math.exp(-3 * delta)})
+    spec = boot({0: 150.0 * math.exp(-delta), 1: 150.0 * math.exp(-2 * delta)})
+    rng = np.random.default_rng(0)
+    pe = paired_estimate(
+        cell("base", "p", order), cell("spec", "p", order), base, spec, "aggregate_tok_s", True, 2000, rng
+    )
+    assert pe is not None
+    assert pe.speedup == pytest.approx(1.5, rel=1e-12)
+    # the spread of the two d's (+-0.05) is larger than the blocks' own noise: it is what the interval rests on
+    assert pe.spread_dominates and pe.df == 1
+    lo, hi = np.percentile(pe.replicates, [2.5, 97.5])
+    assert lo < 1.5 < hi
+
+
+def test_the_blocks_own_noise_sets_the_interval_without_drift() -> None:
+    order = block_order(["base", "spec"], 2)
+    base, spec = boot({0: 100.0, 1: 100.0}, 0.01**2), boot({0: 150.0, 1: 150.0}, 0.01**2)
+    pe = paired_estimate(
+        cell("base", "p", order),
+        cell("spec", "p", order),
+        base,
+        spec,
+        "aggregate_tok_s",
+        True,
+        4000,
+        np.random.default_rng(1),
+    )
+    assert pe is not None and not pe.spread_dominates and pe.df == 36
+    # D = (spec0 + spec1)/2 - (base0 + base1)/2: variance 4 x (1/4)^2... = 0.01^2 in log
+    sd = float(np.std(np.log(pe.replicates)))
+    assert sd == pytest.approx(0.01, rel=0.1)
+
+
+def test_cells_of_different_level_jobs_do_not_pair() -> None:
+    order = block_order(["base", "spec"], 2)
+    base, spec = boot({0: 100.0, 1: 100.0}), boot({0: 150.0, 1: 150.0})
+    rng = np.random.default_rng(0)
+    assert (
+        paired_estimate(
+            cell("base", "a", order), cell("spec", "b", order), base, spec, "aggregate_tok_s", True, 10, rng
+        )
+        is None
+    )
+    missing = boot({0: 150.0})  # a block without its figure: no paired estimate, the unpaired one stands
+    assert (
+        paired_estimate(
+            cell("base", "a", order), cell("spec", "a", order), base, missing, "aggregate_tok_s", True, 10, rng
+        )
+        is None
+    )
+
+
+def test_lower_is_better_metrics_are_oriented() -> None:
+    order = block_order(["base", "spec"], 2)
+    base, spec = boot({0: 0.02, 1: 0.02}), boot({0: 0.01, 1: 0.01})  # TPOT halves
+    pe = paired_estimate(
+        cell("base", "p", order),
+        cell("spec", "p", order),
+        base,
+        spec,
+        "aggregate_tok_s",
+        False,
+        10,
+        np.random.default_rng(0),
+    )
+    assert pe is not None and pe.speedup == pytest.approx(2.0)
+
+
+def drift_summary(first: float | None, last: float, mode: str = "interleaved") -> dict[str, Any]:
+    return {
+        "pairing": {"mode": mode},
+        "repeats": [
+            {"repeat": 0, "metrics": {"output_tok_s_steady": first}},
+            {"repeat": 1, "metrics": {"output_tok_s_steady": last}},
+        ],
+    }
+
+
+def test_drift_gate_judges_or_says_why_not() -> None:
+    gates = {"max_block_drift": 0.2}
+    reason, flag = block_drift_gate(drift_summary(100.0, 70.0), gates)
+    assert reason is not None and reason.startswith("drift: steady throughput -30%") and flag is None
+    assert block_drift_gate(drift_summary(100.0, 90.0), gates) == (None, None)
+    reason, flag = block_drift_gate(drift_summary(None, 90.0), gates)
+    assert reason is None and flag is not None and "not judged" in flag
+    assert block_drift_gate(drift_summary(100.0, 50.0, "sequential"), gates) == (None, None)
+    assert transient(["repeat 1: drift: steady throughput -30% ...", "machine busy: other processes ..."])
+    assert not transient(["repeat 0: 2 of 8 requests failed"]) and not transient([])
+
+
+BASE_CONFIG: dict[str, Any] = {
+    "experiment": "x",
+    "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
+    "variants": {"sim": {"engine": "sim"}},
+}
+
+
+def test_aa_arm_repeats_its_twin_on_an_instance_of_its_own() -> None:
+    cfg = validate({**BASE_CONFIG, "arms": {**BASE_CONFIG["arms"], "baseline-aa": {"same_as": "baseline"}}})
+    assert aa_arms(cfg) == {"baseline-aa": "baseline"}
+    aa = cfg["arms"]["baseline-aa"]
+    assert aa["speculative"] is False and aa["env_vars"] == {AA_INSTANCE_ENV: "baseline-aa"}
+    assert speculative_arms(cfg) == ["eagle3"] and "baseline-aa" in fixed_arms(cfg)
+    assert validate(cfg)["arms"] == cfg["arms"]  # idempotent
+    spec_aa = validate({**BASE_CONFIG, "arms": {**BASE_CONFIG["arms"], "eagle3-aa": {"same_as": "eagle3"}}})
+    assert "eagle3-aa" not in speculative_arms(spec_aa) and spec_aa["arms"]["eagle3-aa"]["speculative"]
+    assert "eagle3-aa-policy" not in spec_aa["arms"]  # an A/A arm has no family and no policy arm
+    with pytest.raises(ConfigError, match="arms/x/same_as.*'nope' is not defined"):
+        validate({**BASE_CONFIG, "arms": {**BASE_CONFIG["arms"], "x": {"same_as": "nope"}}})
+
+
+def test_pairing_mode_auto() -> None:
+    cfg = validate(BASE_CONFIG)
+    assert pairing_mode(cfg, "sim") == "interleaved"
+    gpu = validate({**BASE_CONFIG, "variants": {"g": {"engine": "sim", "gpus": "0-7"}}})
+    assert pairing_mode(gpu, "g") == "sequential"  # one server holds the GPUs
+    forced = validate({**BASE_CONFIG, "pairing": {"mode": "sequential"}})
+    assert pairing_mode(forced, "sim") == "sequential"
+
+
+def test_the_served_arm_of_a_schedule() -> None:
+    cfg = validate(BASE_CONFIG)
+    served = {"schedule": [[1, 16, 3], [17, 1024, 0]], "members": {"eagle3-k1": 1, "eagle3-k3": 3}}
+    assert served_arm(cfg, "eagle3-policy", served, 4) == "eagle3-k3"
+    assert served_arm(cfg, "eagle3-policy", served, 30) == "baseline"
+    assert served_arm(cfg, "eagle3-policy", {"schedule": [[1, 1024, 5]], "members": {"e": 3}}, 4) is None
+
+
+def test_a_policy_reference_goes_beside_the_policy_cell(tmp_path: Path) -> None:
+    dirs = out_dirs({"eagle3": {}, "eagle3-policy": {}}, tmp_path, "c4", "eagle3-policy")
+    assert dirs == {
+        "eagle3": tmp_path / "eagle3-policy" / "c4" / "reference",
+        "eagle3-policy": tmp_path / "eagle3-policy" / "c4",
+    }

@@ -1,0 +1,275 @@
+"""One level of every fixed arm, measured in interleaved blocks on servers that are all up at once.
+
+Why: the answer is a ratio of two arms. Measured one arm after the other, on one server instance each, a slow
+period of the host or a slow instance lands on one arm only and goes straight into the ratio (a vLLM CPU run
+read an A/A comparison 26% worse, another 13-17% better). Here each arm's repeats are blocks that alternate
+with the other arms' in a counterbalanced order (A B, B A, A B, ...), each block short against the host's drift,
+and the idle servers are frozen (SIGSTOP of their process tree) while another is measured, so they take no CPU.
+A linear drift then cancels in the paired ratio of neighbouring blocks (`analysis/paired.py`), and what is left
+shows as the reference arm's drift between its first and last block.
+
+Run by the Snakemake `paired_level` rule and standalone: `specsweep paired-level --specs JSON --env ENV.json
+--out-root DIR ...`. Each arm's cell is written as the `cell` rule writes it, with a `pairing` block in its
+summary: the order, each block's arm, repeat and wall-clock times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from specsweep import servers
+from specsweep.cell import (
+    CellError,
+    LevelInputs,
+    PreparedCell,
+    finish_summary,
+    fixed_output_tokens,
+    level_inputs,
+    level_summary_of,
+    prepare_cell,
+)
+from specsweep.client.cpu import pinned
+from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
+from specsweep.client.prompts import LevelPrompts
+from specsweep.jobenv import measuring_gates
+from specsweep.metrics import jsonable
+from specsweep.redact import MissingAPIKey
+from specsweep.summary import judged, write_cell
+
+
+def block_order(arms: list[str], rounds: int) -> list[list[str]]:
+    """The arms' order in each round: as given in even rounds, reversed in odd ones (A B | B A | A B ...), so
+    every arm sits as often before as after the others and a linear drift cancels over two rounds."""
+    return [list(arms) if r % 2 == 0 else list(reversed(arms)) for r in range(rounds)]
+
+
+def check_specs(specs: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """The level's concurrency and repeats (blocks per arm), which every arm must share."""
+    if not specs:
+        raise CellError("an interleaved level needs at least one arm")
+    levels = {(s["concurrency"], s["repeats"], s.get("load", {}).get("mode", "closed")) for s in specs.values()}
+    if len(levels) != 1:
+        raise CellError(f"the arms of an interleaved level differ in concurrency, repeats or load: {sorted(levels)}")
+    concurrency, repeats, mode = levels.pop()
+    if mode != "closed":
+        raise CellError(
+            f"interleaved arms measure closed-loop levels only (load.mode is {mode}); set pairing.mode: sequential"
+        )
+    return int(concurrency), int(repeats)
+
+
+async def _measure_blocks(
+    cells: dict[str, PreparedCell], recs: dict[str, servers.ServerRecord], order: list[list[str]], concurrency: int
+) -> tuple[dict[str, LevelResult], dict[str, LevelInputs], dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    arms = list(cells)
+    inputs: dict[str, LevelInputs] = {}
+    infos: dict[str, Any] = {}
+    for arm, cell in cells.items():  # every server runs here: prompts may be tokenized by the server
+        url = recs[arm].base_url
+        inputs[arm] = await level_inputs(
+            cell.spec,
+            cell.make_spec(recs[arm].port),
+            url,
+            cell.api_key,
+            cell.tokenizer_path,
+            cell.dataset,
+            cell.render,
+        )
+        async with new_session(1) as session:
+            infos[arm] = await cell.engine.server_info(session, url)
+    repeats: dict[str, list[RepeatResult]] = {arm: [] for arm in arms}
+    warmup_errors = dict.fromkeys(arms, 0)
+    level_s = dict.fromkeys(arms, 0.0)
+    blocks: list[dict[str, Any]] = []
+    for r, round_arms in enumerate(order):
+        for arm in round_arms:
+            for other in arms:
+                if other != arm:
+                    servers.freeze(recs[other])
+            servers.thaw(recs[arm])
+            cell, inp = cells[arm], inputs[arm]
+            workload = cell.spec["workload"]
+            one = LevelPrompts(inp.prompts.warmup, [inp.prompts.repeats[r]], inp.prompts.unique)
+            start_unix, started = time.time(), time.monotonic()
+            async with new_session(concurrency) as session:
+                level = await measure_level(
+                    inp.req,
+                    concurrency,
+                    inp.n_requests,
+                    one,
+                    fixed_output_tokens(workload["output_tokens"]),
+                    warmup=workload["warmup_requests"] if not repeats[arm] else 0,  # once per arm and level
+                    repeats=1,
+                    stagger=workload["stagger"],
+                    duration_s=workload["requests"].get("duration_s"),
+                    hooks=cell.engine,
+                    server_pid=recs[arm].server_pid,
+                    watch_cpus=cell.plan.watched,
+                    idle_probe_s=cell.spec["client"]["idle_probe_s"],
+                    session=session,
+                )
+            rep = level.repeats[0]
+            rep.repeat = r
+            repeats[arm].append(rep)
+            warmup_errors[arm] += level.warmup_errors
+            level_s[arm] += time.monotonic() - started
+            blocks.append({"arm": arm, "repeat": r, "start_unix": start_unix, "end_unix": time.time()})
+    for rec in recs.values():
+        servers.thaw(rec)
+    results = {
+        arm: LevelResult(
+            concurrency=concurrency,
+            n_requests=inputs[arm].n_requests,
+            repeats=repeats[arm],
+            warmup_errors=warmup_errors[arm],
+            stagger=cells[arm].spec["workload"]["stagger"],
+        )
+        for arm in arms
+    }
+    return results, inputs, infos, blocks, level_s
+
+
+# Invalidity reasons that another try can cure: the host or the client, not the engine (errors, short outputs).
+TRANSIENT_REASONS = ("machine busy", "client saturated", "client starved", "client event-loop lag", "drift")
+
+
+def transient(reasons: list[str]) -> bool:
+    """Whether every reason is one a new attempt can cure (`TRANSIENT_REASONS`, after a 'repeat N: ' prefix)."""
+    bare = [r.split(": ", 1)[1] if r.startswith("repeat ") else r for r in reasons]
+    return bool(bare) and all(r.startswith(TRANSIENT_REASONS) for r in bare)
+
+
+def _measure_once(
+    cells: dict[str, PreparedCell], state_dir: Path, server_log_dir: Path, rounds: int, concurrency: int
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """One attempt at the level: every arm's records and summary (unwritten)."""
+    first = next(iter(cells.values()))
+    order = block_order(list(cells), rounds)
+    labels = {arm: c.label for arm, c in cells.items()}
+    logs = {arm: server_log_dir / f"{c.spec['variant_name']}.{arm}.log" for arm, c in cells.items()}
+    makers = {arm: c.make_spec for arm, c in cells.items()}
+    t_ask = time.monotonic()
+    with servers.acquire_group(state_dir, makers, first.host, first.variant.get("port"), labels, logs) as recs:
+        ready_s = time.monotonic() - t_ask
+        with pinned(first.plan.client):
+            results, inputs, infos, blocks, level_s = asyncio.run(_measure_blocks(cells, recs, order, concurrency))
+    pairing = {
+        "mode": "interleaved",
+        "id": uuid.uuid4().hex[:12],  # the arms' cells of one level job carry the same id: they pair
+        "arms": list(cells),
+        "reference_arm": next(iter(cells)),
+        "order": order,
+        "blocks": blocks,
+        "idle_servers": "frozen",
+    }
+    records, summaries = {}, {}
+    for arm, cell in cells.items():
+        summary = level_summary_of(cell.spec, results[arm], inputs[arm], cell.plan, infos[arm], cell.dataset, 0.0)
+        summary["level_s"] = level_s[arm]
+        summary["pairing"] = pairing
+        summaries[arm] = finish_summary(cell, summary, cell.make_spec(recs[arm].port), recs[arm], ready_s)
+        records[arm] = results[arm].records
+    return records, summaries
+
+
+def run_level(
+    specs: dict[str, dict[str, Any]],
+    env_json: Path,
+    out_dirs: dict[str, Path],
+    state_dir: Path,
+    server_log_dir: Path,
+    startup_timeout_s: float | None = None,
+    attempts: int = 3,
+) -> dict[str, dict[str, Any]]:
+    """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
+    arm's cell into `out_dirs[arm]`; returns arm -> summary.
+
+    An attempt in which a cell is invalid for a transient cause only (`transient`, judged by the experiment's
+    gates as the workflow shares them, `jobenv.measuring_gates`; every reader judges the cell again) is kept
+    under the cell's `attempts/<pairing id>/` and the level measured again, up to `attempts` times; the
+    summary's `pairing.attempts` lists every attempt and why it did not count."""
+    concurrency, rounds = check_specs(specs)
+    cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
+    gates = measuring_gates()
+    history: list[dict[str, Any]] = []
+    for attempt in range(1, max(1, attempts) + 1):
+        records, summaries = _measure_once(cells, state_dir, server_log_dir, rounds, concurrency)
+        pid = summaries[next(iter(cells))]["pairing"]["id"]
+        verdicts = {arm: judged(jsonable(summaries[arm]), records[arm], gates)["validity"] for arm in cells}
+        failed = {arm: v["reasons"] for arm, v in verdicts.items() if not v["valid"]}
+        retry = bool(failed) and attempt < attempts and all(transient(r) for r in failed.values())
+        history.append({"attempt": attempt, "id": pid, "invalid": failed, "counted": not retry})
+        if not retry:
+            break
+        for arm in cells:  # nothing measured is lost: the attempt that did not count stays beside the cell
+            write_cell(out_dirs[arm] / "attempts" / pid, records[arm], summaries[arm])
+        why = "; ".join(f"{arm}: {', '.join(r)}" for arm, r in failed.items())
+        print(f"attempt {attempt} of {attempts} did not count ({why}); measuring the level again", file=sys.stderr)
+    for arm in cells:
+        summaries[arm]["pairing"]["attempts"] = history
+        write_cell(out_dirs[arm], records[arm], summaries[arm])
+    return summaries
+
+
+def out_dirs(specs: dict[str, Any], out_root: Path, level: str, reference_of: str | None) -> dict[str, Path]:
+    """Each arm's cell folder: `<out_root>/<arm>/<level>`, and with `reference_of` (a policy arm) the first arm's
+    in the policy cell's `reference/` folder (it is a re-measurement of that fixed arm, paired with the policy)."""
+    if reference_of is None:
+        return {arm: out_root / arm / level for arm in specs}
+    ref = next(iter(specs))
+    return {ref: out_root / reference_of / level / "reference", reference_of: out_root / reference_of / level}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--specs", required=True, help="arm -> cell spec as JSON text or a file, reference arm first")
+    parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
+    parser.add_argument("--out-root", required=True, type=Path, help="the variant's results folder")
+    parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
+    parser.add_argument(
+        "--reference-of",
+        help="a policy arm measured with the fixed arm it serves at this level (the first of --specs), whose cell "
+        "goes into the policy cell's reference/ folder",
+    )
+    parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
+    parser.add_argument("--server-log-dir", required=True, type=Path)
+    parser.add_argument("--startup-timeout-s", type=float, help="seconds to wait for a server (default: the variant's)")
+    parser.add_argument(
+        "--attempts", type=int, default=3, help="measure the level again while a transient cause spoils it"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
+    specs = json.loads(text)
+    try:
+        out = run_level(
+            specs,
+            args.env,
+            out_dirs(specs, args.out_root, args.level, args.reference_of),
+            args.state_dir,
+            args.server_log_dir,
+            args.startup_timeout_s,
+            args.attempts,
+        )
+    except (CellError, MissingAPIKey, servers.ServerError) as e:
+        print(f"interleaved level failed: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.interleave", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""One cell per arm and level from the cells its server instances measured (`pairing.instances`).
+
+Why: where one server holds the GPUs, arms cannot be interleaved; measured one after the other on one instance
+each, the instance's own speed and the host's drift go straight into the ratio. So each arm is measured on
+several instances in a counterbalanced segment order (baseline i1, eagle3 i1, eagle3 i2, baseline i2), each
+instance's cells under `<cell>/instances/i<k>/`, and this module merges them into the arm's cell: the records of
+every instance with their repeats numbered on (instance k's repeat r is k x R + r), the repeats' own metrics
+kept, and a `pairing` block whose blocks are every arm's instance repeats in time order, so the analysis pairs
+each speculative block with its neighbouring baseline blocks (`analysis/paired.py`) as it does for
+interleaved levels: the instance effect and the drift left over both show in the spread of the pairs.
+
+Run by the Snakemake `merge_segments` rule and standalone: `specsweep merge-segments --variant-root DIR
+--level c10 --arms baseline eagle3 --instances 2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from specsweep.io import read_json
+from specsweep.metrics import jsonable, pooled_metrics
+from specsweep.summary import write_cell
+
+
+def instance_dir(cell_dir: Path, instance: int) -> Path:
+    return cell_dir / "instances" / f"i{instance}"
+
+
+def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, Any], list[dict[str, Any]]]:
+    """One arm's merged records and summary (its pairing block left to the caller) and its blocks."""
+    frames, repeats, blocks, servers = [], [], [], []
+    first: dict[str, Any] | None = None
+    offset, measured_s = 0, 0.0
+    for k in range(1, instances + 1):
+        d = instance_dir(cell_dir, k)
+        summary = read_json(d / "summary.json")
+        df = pd.read_parquet(d / "requests.parquet")
+        first = first or summary
+        n = len(summary["repeats"])
+        frames.append(df.assign(repeat=df["repeat"] + offset))
+        for rep in summary["repeats"]:
+            renumbered = {**rep, "repeat": int(rep["repeat"]) + offset, "instance": k}
+            repeats.append(renumbered)
+            t0 = rep.get("t0_unix")
+            wall = (rep.get("metrics") or {}).get("client", {}).get("wall_s") or 0.0
+            blocks.append({"repeat": renumbered["repeat"], "instance": k, "start_unix": t0, "end_unix": t0 + wall})
+        srv = summary["server"]
+        servers.append(
+            {"instance": k, "identity": srv.get("identity"), "pid": srv.get("pid"), "started_at": srv.get("started_at")}
+        )
+        offset += n
+    assert first is not None
+    records = pd.concat(frames, ignore_index=True)
+    merged = dict(first)
+    merged["repeats"] = repeats
+    merged["metrics"] = pooled_metrics(records, int(first["concurrency"]), repeats)
+    merged["server"] = {**first["server"], "instances": servers}
+    merged["measured_s"] = measured_s
+    return records, merged, blocks
+
+
+def merge_level(variant_root: Path, level: str, arms: list[str], instances: int) -> dict[str, dict[str, Any]]:
+    """Merge every arm's instance cells at `level` and write each arm's cell; returns arm -> summary."""
+    merged: dict[str, tuple[pd.DataFrame, dict[str, Any]]] = {}
+    blocks: list[dict[str, Any]] = []
+    for arm in arms:
+        records, summary, arm_blocks = _merge_arm(variant_root / arm / level, instances)
+        merged[arm] = (records, summary)
+        blocks += [{"arm": arm, **b} for b in arm_blocks]
+    blocks.sort(key=lambda b: b["start_unix"])
+    ident = hashlib.sha256(json.dumps([(b["arm"], b["start_unix"]) for b in blocks]).encode()).hexdigest()[:12]
+    pairing = {"mode": "segments", "id": ident, "arms": arms, "instances": instances, "blocks": blocks}
+    out = {}
+    for arm, (records, summary) in merged.items():
+        summary["pairing"] = pairing
+        write_cell(variant_root / arm / level, records, jsonable(summary))
+        out[arm] = summary
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variant-root", required=True, type=Path, help="the variant's results folder")
+    parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
+    parser.add_argument("--arms", required=True, nargs="+", help="the fixed arms, the baseline first")
+    parser.add_argument("--instances", required=True, type=int, help="server instances per arm")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        out = merge_level(args.variant_root, args.level, args.arms, args.instances)
+    except FileNotFoundError as e:
+        print(f"merge failed: an instance's cell is missing ({e.filename}); rerun its instance cell", file=sys.stderr)
+        return 1
+    print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsweep.segments", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -143,3 +143,33 @@ def test_interleaved_level_records_its_blocks_and_attempts(runs: dict[str, Path]
         assert attempts[-1]["counted"] and all(not a["counted"] for a in attempts[:-1])
         for a in attempts[:-1]:  # an attempt that did not count is kept beside the cell
             assert (res / "baseline" / f"c{c}" / "attempts" / a["id"] / "summary.json").is_file()
+
+
+def test_replicated_instances_run_in_counterbalanced_segments(tmp_path: Path) -> None:
+    """pairing.mode sequential with two instances per arm (the GPU box's design, on the simulator): four server
+    starts in the order baseline, eagle3, eagle3, baseline, each level's cell merged from both instances, and
+    the speedup paired across the segments."""
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(
+            {**CONFIG, "concurrency": [1, 4], "repeats": 1, "pairing": {"mode": "sequential", "instances": 2}}
+        )
+    )
+    proc = snakemake(tmp_path, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    starts = [e.split(" label=")[1].split()[0] for e in events(tmp_path) if " start " in e]
+    assert starts == ["sim/baseline", "sim/eagle3", "sim/eagle3", "sim/baseline"], starts
+    res = tmp_path / "results" / "drift" / "sim"
+    levels = per_level(tmp_path)
+    for c in (1, 4):
+        base = json.loads((res / "baseline" / f"c{c}" / "summary.json").read_text())
+        assert base["pairing"]["mode"] == "segments" and len(base["server"]["instances"]) == 2
+        assert [(b["arm"], b["instance"]) for b in base["pairing"]["blocks"]] == [
+            ("baseline", 1),
+            ("eagle3", 1),
+            ("eagle3", 2),
+            ("baseline", 2),
+        ]
+        ids = {i["identity"] for i in base["server"]["instances"]}
+        assert len(ids) == 2  # two server instances, not one reused
+        assert levels[c]["used"] and levels[c]["paired"]["blocks"] == 2, levels[c]
+    assert not sim_server_processes(tmp_path)

@@ -105,7 +105,9 @@ async def _measure_blocks(
                     inp.n_requests,
                     one,
                     fixed_output_tokens(workload["output_tokens"]),
-                    warmup=workload["warmup_requests"] if not repeats[arm] else 0,  # once per arm and level
+                    # before every block: a server resumed after others' blocks is cold (vLLM CPU ran its first
+                    # block after the warm-up 20-30% faster than its later ones when warmed once per level)
+                    warmup=workload["warmup_requests"],
                     repeats=1,
                     stagger=workload["stagger"],
                     duration_s=workload["requests"].get("duration_s"),

@@ -11,10 +11,19 @@ from tests.conftest import REPO, SNAKEMAKE
 pytestmark = pytest.mark.pipeline
 
 
-@pytest.mark.parametrize(("name", "cells", "schedules"), [("kimi-k25-8gpu", 32, 2), ("vllm-cpu-tiny", 12, 1)])
-def test_example_dry_run(tmp_path, name: str, cells: int, schedules: int) -> None:
-    """The fixed arms' cells, then per variant the `schedule` checkpoint that the policy arm's cells follow
-    (their server commands, SGLang's adaptive flags included: tests/unit/test_engines_golden.py)."""
+@pytest.mark.parametrize(
+    ("name", "jobs"),
+    [
+        # 8 levels x 2 fixed arms x 2 instances per variant (pairing.instances), each level merged from them
+        ("kimi-k25-8gpu", {"instance_cell": 64, "merge_segments": 16, "schedule": 2}),
+        # 4 levels, each one job measuring the 3 fixed arms in interleaved blocks
+        ("vllm-cpu-tiny", {"paired_level": 4, "schedule": 1}),
+        ("vllm-cpu-tiny-aa", {"paired_level": 4}),
+    ],
+)
+def test_example_dry_run(tmp_path, name: str, jobs: dict[str, int]) -> None:
+    """The fixed arms' measuring jobs, then per variant the `schedule` checkpoint that the policy arm's cells
+    follow (their server commands, SGLang's adaptive flags included: tests/unit/test_engines_golden.py)."""
     cmd = [
         *SNAKEMAKE,
         "-s",
@@ -33,6 +42,6 @@ def test_example_dry_run(tmp_path, name: str, cells: int, schedules: int) -> Non
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
-    assert counts.get("cell") == cells, counts
-    assert counts.get("schedule") == schedules, counts
+    assert {k: counts.get(k) for k in jobs} == jobs, counts
+    assert "cell" not in counts, counts  # every fixed arm is measured paired: interleaved or in segments
     assert "variant=sim" not in proc.stdout  # the example replaces the default config, it does not merge into it

@@ -65,20 +65,41 @@ def boot(values: dict[int, float], log_var: float = 1e-4, df: int = 9) -> CellBo
 
 
 def test_a_drift_linear_over_the_level_cancels() -> None:
-    order = block_order(["base", "spec"], 2)
-    delta = 0.1  # the host slows by 10% per block: base0, spec0, spec1, base1 at t = 0, 1, 2, 3
-    base = boot({0: 100.0, 1: 100.0 * math.exp(-3 * delta)})
-    spec = boot({0: 150.0 * math.exp(-delta), 1: 150.0 * math.exp(-2 * delta)})
+    order = block_order(["base", "spec"], 4)  # base0 spec0 | spec1 base1 | base2 spec2 | spec3 base3
+    delta = 0.1  # the host slows by 10% per block, blocks at t = 0..7
+    t = {(b["arm"], b["repeat"]): i for i, b in enumerate(blocks(order))}
+    base = boot({r: 100.0 * math.exp(-delta * t[("base", r)]) for r in range(4)})
+    spec = boot({r: 150.0 * math.exp(-delta * t[("spec", r)]) for r in range(4)})
     rng = np.random.default_rng(0)
     pe = paired_estimate(
         cell("base", "p", order), cell("spec", "p", order), base, spec, "aggregate_tok_s", True, 2000, rng
     )
     assert pe is not None
     assert pe.speedup == pytest.approx(1.5, rel=1e-12)
-    # the spread of the two d's (+-0.05) is larger than the blocks' own noise: it is what the interval rests on
-    assert pe.spread_dominates and pe.df == 1
+    # each A B | B A group cancels the drift on its own: nothing is left over, the blocks' own noise remains
+    assert not pe.spread_dominates
+
+
+def test_groups_that_disagree_set_the_interval() -> None:
+    """Two A B | B A groups reading 1.4 and 1.6 (a step between them, or two server instances): the spread of
+    the groups, with one degree of freedom, not the blocks' small noise, sets the interval."""
+    order = block_order(["base", "spec"], 4)
+    base = boot({0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0})
+    spec = boot({0: 140.0, 1: 140.0, 2: 160.0, 3: 160.0})
+    pe = paired_estimate(
+        cell("base", "p", order),
+        cell("spec", "p", order),
+        base,
+        spec,
+        "aggregate_tok_s",
+        True,
+        4000,
+        np.random.default_rng(0),
+    )
+    assert pe is not None and pe.spread_dominates and pe.df == 1
+    assert pe.speedup == pytest.approx(math.sqrt(1.4 * 1.6))
     lo, hi = np.percentile(pe.replicates, [2.5, 97.5])
-    assert lo < 1.5 < hi
+    assert lo < 1.4 and hi > 1.6
 
 
 def test_the_blocks_own_noise_sets_the_interval_without_drift() -> None:

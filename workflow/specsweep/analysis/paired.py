@@ -5,7 +5,9 @@ the one after): d = log(compared block) - mean log(neighbouring reference blocks
 (A B | B A) a drift that is linear over the level cancels in the mean of d, which the arms' separate means would
 carry straight into the ratio. The interval is a t interval of that mean: its variance is the larger of the
 blocks' own sampling noise (each block's block bootstrap, propagated through the weights) and the spread of the
-d's themselves (drift and instance effects left over), so neither is left out.
+d's themselves (drift and instance effects left over), so neither is left out. Blocks that share both neighbours
+(the two middle blocks of A B | B A) count as one unit of that spread: their d's move together. An odd number of
+rounds leaves the last one unbalanced (its block has a neighbour on one side only): use an even number of repeats.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class PairedEstimate:
     speedup: float
     replicates: np.ndarray
     pairs: int  # blocks of the compared arm, each set against its neighbouring reference blocks
-    df: int
+    df: int  # of the variance used: the clusters of blocks sharing neighbours less one, or the blocks' own
     spread_dominates: bool  # the d's varied more than the blocks' own noise explains (drift or instances)
 
 
@@ -103,9 +105,16 @@ def paired_estimate(
             continue
         within += c * c * v[0]
         df_within += v[1]
-    spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
-    if n >= 2 and (not known or spread >= within):
-        var, df, dominated = spread, n - 1, True
+    # blocks that share their neighbours (A B | B A: both B blocks sit between the same two A blocks) are not
+    # independent: the spread is taken over such clusters' means, one unit each
+    clusters: dict[frozenset[int], list[float]] = {}
+    for (_r, nb), di in zip(weights.items(), d, strict=True):
+        clusters.setdefault(frozenset(nb), []).append(float(di))
+    units = np.array([np.mean(v) for v in clusters.values()])
+    k = units.size
+    spread = float(np.var(units, ddof=1)) / k if k >= 2 else float("nan")
+    if k >= 2 and (not known or spread >= within):
+        var, df, dominated = spread, k - 1, True
     elif known and df_within >= 1:
         var, df, dominated = within, df_within, False
     else:

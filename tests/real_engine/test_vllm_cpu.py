@@ -343,6 +343,34 @@ def test_crossover_and_mlflow(run_dir: Path) -> None:
     assert set(cells["tags.specsweep.cell_key"]) == {f"{EXP}/{VARIANT}/{a}/c{c}" for a in ARMS for c in LEVELS}
 
 
+def test_arms_were_interleaved_and_frozen_servers_took_no_cpu(run_dir: Path) -> None:
+    """Every level measured the three fixed arms in alternating blocks (A B C | C B A | ...), each block after
+    a warm-up, with the servers not being measured frozen (SIGSTOP): vLLM answered every request after being
+    resumed (test_every_request_ok_with_requested_length), and no block saw other processes on its CPUs
+    beyond the machine-busy gate, the frozen servers included."""
+    gates = defaults("gates")
+    for c in LEVELS:
+        base = summary(run_dir, "baseline", c)
+        pairing = base["pairing"]
+        assert pairing["mode"] == "interleaved" and pairing["idle_servers"] == "frozen", pairing
+        arms = ["baseline", *SPEC_ARMS]
+        assert pairing["order"] == [arms if r % 2 == 0 else arms[::-1] for r in range(REPEATS)]
+        assert [b["arm"] for b in pairing["blocks"]] == [a for rnd in pairing["order"] for a in rnd]
+        for arm in arms:
+            s = summary(run_dir, arm, c)
+            assert s["pairing"]["id"] == pairing["id"], (arm, c)
+            for rep in s["repeats"]:
+                client = rep["metrics"]["client"]
+                slack = gates["max_foreign_cpu_share"] + (client["foreign_cpu_resolution"] or 0.0)
+                assert client["foreign_cpu_share"] <= slack, (arm, c, rep["repeat"], client)
+        row = next(r for r in crossover(run_dir)["arms"][SPEC_ARM]["per_level"] if int(r["concurrency"]) == c)
+        assert row["paired"] and row["paired"]["blocks"] == REPEATS, row
+
+
+def crossover(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
+
+
 def test_servers_stopped(run_dir: Path) -> None:
     """Each arm's server started once and reused; nothing of vLLM is left running within 30 s."""
     events = (run_dir / "results" / EXP / ".servers" / "servers.log").read_text().splitlines()
@@ -372,7 +400,8 @@ def test_client_on_the_engines_core_is_thrown_out(tmp_path_factory: pytest.TempP
         write_config(workdir)
         config = yaml.safe_load((workdir / "config.yaml").read_text())
         core = str(max(os.sched_getaffinity(0)))
-        config.update(concurrency=[16], repeats=1, client={"cpus": core})
+        # one server (sequential): the test is about the CPU gates, not about pairing arms
+        config.update(concurrency=[16], repeats=1, client={"cpus": core}, pairing={"mode": "sequential"})
         config["variants"][VARIANT]["cpus"] = core
         (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         target = f"results/{EXP}/{VARIANT}/baseline/c16/summary.json"

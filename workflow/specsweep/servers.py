@@ -434,8 +434,9 @@ def acquire_group(
     """Hold one server per slot, all up at once on one resource, for the block (an interleaved level).
 
     The resource's lock is held throughout, as `acquire` holds it for one server; each slot's server is reused
-    by identity across levels. Every server is resumed on the way out, whatever happened inside (the caller
-    freezes the idle ones while another is measured)."""
+    by identity across levels, and the group's servers of other slots stay up, frozen for the block. Every
+    server is resumed on the way out, whatever happened inside (the caller freezes the idle slots while another
+    is measured)."""
     state_dir = Path(state_dir)
     slots = list(make_specs)
     first = make_specs[slots[0]](configured_port or 0)
@@ -452,9 +453,9 @@ def acquire_group(
             plain = read_record(_record_path(state_dir, base))
             if plain is not None:
                 stop_record(state_dir, plain, reason=f"resource {base} needed by the group {', '.join(slots)}")
-            for member in group_records(state_dir, base):
-                if member.resource.split(GROUP_SEP, 1)[1] not in slots:
-                    stop_record(state_dir, member, reason=f"resource {base} needed by the group {', '.join(slots)}")
+            # the group's other members (another level job's arms) stay up, frozen while this block runs: a
+            # policy arm's level job reuses the fixed arm it is measured with instead of starting it again
+            idle = [m for m in group_records(state_dir, base) if m.resource.split(GROUP_SEP, 1)[1] not in slots]
             taken: set[int] = set()
             for i, slot in enumerate(slots):
                 probe = make_scoped(slot, 0)
@@ -485,10 +486,12 @@ def acquire_group(
         for slot in started:
             _wait_ready(state_dir, recs[slot], make_scoped(slot, recs[slot].port))
             log_event(state_dir, "ready", label=labels[slot], identity=recs[slot].identity, pid=recs[slot].server_pid)
+        for rec in idle:
+            freeze(rec)
         try:
             yield recs
         finally:
-            for rec in recs.values():
+            for rec in [*recs.values(), *idle]:
                 thaw(rec)
         for slot, rec in recs.items():
             current = read_record(_record_path(state_dir, rec.resource))

@@ -18,7 +18,7 @@ from specsweep.config import (
     aa_arms,
     fixed_arms,
     pairing_mode,
-    served_arm,
+    policy_reference,
     speculative_arms,
     validate,
 )
@@ -208,12 +208,11 @@ def test_pairing_mode_auto() -> None:
     assert pairing_mode(forced, "sim") == "sequential"
 
 
-def test_the_served_arm_of_a_schedule() -> None:
-    cfg = validate(BASE_CONFIG)
-    served = {"schedule": [[1, 16, 3], [17, 1024, 0]], "members": {"eagle3-k1": 1, "eagle3-k3": 3}}
-    assert served_arm(cfg, "eagle3-policy", served, 4) == "eagle3-k3"
-    assert served_arm(cfg, "eagle3-policy", served, 30) == "baseline"
-    assert served_arm(cfg, "eagle3-policy", {"schedule": [[1, 1024, 5]], "members": {"e": 3}}, 4) is None
+def test_the_policy_is_paired_with_the_best_fixed_arm() -> None:
+    served = {"schedule": [[1, 16, 3], [17, 1024, 0]], "best_fixed": {"4": "eagle3-k3", "30": "baseline"}}
+    assert policy_reference(served, 4) == "eagle3-k3"
+    assert policy_reference(served, 30.0) == "baseline"
+    assert policy_reference(served, 8) is None  # no valid fixed cell there: the policy is measured alone
 
 
 def test_a_policy_reference_goes_beside_the_policy_cell(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ rule paired_level:
 
 
 rule paired_policy:
-    """Measure a policy arm's level in interleaved blocks with the fixed arm its schedule serves there."""
+    """Measure a policy arm's level in interleaved blocks with the best fixed arm there (the proof's pair)."""
     input:
         unpack(cell_inputs),
     output:

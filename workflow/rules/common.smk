@@ -188,8 +188,8 @@ def paired_specs_json(wildcards):
 
 
 def paired_policy_specs_json(wildcards):
-    """A policy arm's cell spec at the level, after the fixed arm its schedule serves there (measured with it in
-    interleaved blocks, as the proof's pair); the policy arm alone where no fixed arm serves that K."""
+    """A policy arm's cell spec at the level, after the best fixed arm there (measured with it in interleaved
+    blocks, as the proof's pair); the policy arm alone where no fixed cell of the level was valid."""
     served = policy_entry(wildcards.variant, wildcards.arm)
     c = parse_level(wildcards.level)[1]
     spec = cell_spec(config, wildcards.variant, wildcards.arm, c, served)

@@ -499,47 +499,11 @@ def pairing_mode(config: dict[str, Any], variant: str) -> str:
     return "interleaved" if fits and load_mode(config) == "closed" and len(fixed_arms(config)) > 1 else "sequential"
 
 
-def served_arm(config: dict[str, Any], policy_arm: str, served: dict[str, Any], running: int) -> str | None:
-    """The fixed arm whose configuration a policy arm's schedule serves at `running` requests: the baseline
-    where K is 0, else the family's member with that draft length (None where no member has it)."""
-    k = next((e[2] for e in served.get("schedule") or [] if e[0] <= running <= e[1]), 0)
-    if k == 0:
-        return str(config["analysis"]["baseline_arm"])
-    members = served.get("members") or {}
-    return next((m for m, mk in members.items() if mk == k), None)
-
-
-def instances(config: dict[str, Any], variant: str) -> int:
-    """Server instances per fixed arm of a sequential variant (`pairing.instances`); 1 where arms interleave
-    or the load is open (their cells are measured as they are)."""
-    if pairing_mode(config, variant) != "sequential" or load_mode(config) != "closed":
-        return 1
-    return int(config["pairing"]["instances"])
-
-
-def replicated_variants(config: dict[str, Any]) -> list[str]:
-    return [v for v in config["variants"] if instances(config, v) > 1]
-
-
-def segments(config: dict[str, Any], variant: str) -> list[tuple[str, int]]:
-    """The (arm, instance) segments of a replicated variant in the order they run: the fixed arms forward for
-    odd instances and reversed for even ones (baseline i1, eagle3 i1, eagle3 i2, baseline i2)."""
-    arms = [config["analysis"]["baseline_arm"]] + [
-        a for a in fixed_arms(config) if a != config["analysis"]["baseline_arm"]
-    ]
-    out = []
-    for k in range(1, instances(config, variant) + 1):
-        out += [(a, k) for a in (arms if k % 2 else list(reversed(arms)))]
-    return out
-
-
-def segment_priority(config: dict[str, Any], variant: str, arm: str, instance: int, level: str) -> int:
-    """Snakemake priority of an instance cell: the variant's segments in their order, each one's levels from
-    the highest down (as `cell_priority`), so each instance starts once and the order is counterbalanced."""
-    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
-    group = len(order) - order.index((variant, arm, instance))
-    value = float(parse_level(level)[1])
-    return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
+def policy_reference(served: dict[str, Any], level: float) -> str | None:
+    """The fixed arm a policy arm is measured against at `level`: the best fixed arm there, by the schedule
+    job's reading of the fixed cells (schedule.json `best_fixed`). Where the policy serves that arm's K the pair
+    is an A/A comparison; where the schedule is wrong, the pair shows the loss. None: no valid fixed cell."""
+    return (served.get("best_fixed") or {}).get(f"{float(level):g}")
 
 
 def interleaved_variants(config: dict[str, Any]) -> list[str]:
@@ -606,10 +570,10 @@ def cell_spec(
             arm_cfg["schedule_file"] = served["file"]
     mode = load_mode(config)
     if arm_cfg.get("policy") and pairing_mode(config, variant) == "interleaved":
-        ref = served_arm(config, arm, served or {}, int(concurrency))
+        ref = policy_reference(served or {}, concurrency)
         spec = {**_common_cell_spec(config, variant, arm, arm_cfg), "concurrency": int(concurrency)}
         spec["n_requests"] = requests_for(config, int(concurrency))
-        # measured in interleaved blocks with the fixed arm it serves here (None: a K no fixed arm measured)
+        # measured in interleaved blocks with the best fixed arm at this level (None: none was valid)
         spec["pairing"] = {"mode": "interleaved", "reference": ref}
         return spec
     if mode != "closed":

@@ -236,7 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
     parser.add_argument(
         "--reference-of",
-        help="a policy arm measured with the fixed arm it serves at this level (the first of --specs), whose cell "
+        help="a policy arm measured with the best fixed arm at this level (the first of --specs), whose cell "
         "goes into the policy cell's reference/ folder",
     )
     parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")

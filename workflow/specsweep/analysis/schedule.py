@@ -29,6 +29,7 @@ from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
+from specsweep.analysis.proof import best_fixed
 from specsweep.config import load_arg, server_args
 from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
 from specsweep.io import atomic_write_json
@@ -175,6 +176,14 @@ def derive_schedules(
             _, unreachable = sglang_adaptive_config(entry["schedule"])
             path = file_dir / f"{family}.sglang-adaptive.json"
             entry.update(file=str(path), approximate=bool(unreachable), unreachable_ranges=unreachable)
+        # the arm the policy is measured against at each level (in interleaved blocks, where the variant
+        # interleaves): the best fixed arm by point value, as the proof judges it
+        metric = settings.primary_metric
+        entry["best_fixed"] = {
+            f"{c:g}": best
+            for c in sorted(cells.get(result["baseline_arm"], {}))
+            if (best := best_fixed(cells, [result["baseline_arm"], *members], metric, c)) is not None
+        }
         fams[family] = entry
     doc = {"variant": variant, "engine": engine, "baseline_arm": result["baseline_arm"], "families": fams}
     write_engine_files(doc)

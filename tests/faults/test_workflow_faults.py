@@ -25,6 +25,9 @@ BASE = {
     # whether a schedule is derived from these few requests is up to the noise: no policy arm, so that the
     # cells a fault leaves are counted exactly (the policy arm: tests/pipeline/test_policy.py)
     "policy": {"measure": False},
+    # one server per arm, one cell per job: a fault in one arm's server leaves the other arm's cells measured (an
+    # interleaved level is one job for both arms: tests/pipeline/test_pairing.py)
+    "pairing": {"mode": "sequential"},
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {"sim": {"engine": "sim", "profile": "demo"}},
 }

@@ -115,20 +115,23 @@ def test_mlflow_runs(run_dir: Path) -> None:
 
 
 def test_forcerun_one_cell(run_dir: Path) -> None:
-    """--forcerun of one cell reruns it and what aggregates it, starting only its own server."""
+    """--forcerun of one cell re-measures its level, which is the pair (both arms' cells at C=4: they are
+    measured in interleaved blocks), and what aggregates it; the other level's cells stay as they were."""
     root = run_dir / "results" / EXP / "sim"
-    untouched = {p: p.stat().st_mtime_ns for p in root.glob("*/c*/summary.json") if "eagle3/c4" not in str(p)}
+    untouched = {p: p.stat().st_mtime_ns for p in root.glob("*/c*/summary.json") if "/c4/" not in str(p)}
+    pair = {p: p.stat().st_mtime_ns for p in root.glob("*/c4/summary.json")}
     before = len(starts(server_events(run_dir)))
     target = f"results/{EXP}/sim/eagle3/c4/summary.json"
     proc = snakemake(run_dir, "crossover", "--forcerun", target)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in untouched} == untouched
+    assert all(p.stat().st_mtime_ns != t for p, t in pair.items()) and len(pair) == 2
     new_starts = starts(server_events(run_dir))[before:]
-    assert len(new_starts) == 1 and "label=sim/eagle3" in new_starts[0]
+    assert sorted(e.split("label=")[1].split()[0] for e in new_starts) == ["sim/baseline", "sim/eagle3"]
     jobs = proc.stdout + proc.stderr
-    assert "cell" in jobs and "crossover_variant" in jobs
+    assert "paired_level" in jobs and "crossover_variant" in jobs
     runs = mlflow_runs(run_dir)
     cells = runs[runs["tags.specsweep.kind"] == "cell"]
-    assert len(cells) == 4  # the re-measured cell has a new run; the one it replaced is retired
+    assert len(cells) == 4  # the re-measured cells have new runs; the ones they replaced are retired
     assert (cells["tags.specsweep.cell_key"] == f"{EXP}/sim/eagle3/c4").sum() == 1
     assert not sim_server_processes(run_dir)

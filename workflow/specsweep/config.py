@@ -169,6 +169,11 @@ def _check_semantics(config: dict[str, Any]) -> None:
             f" (it needs at least 2 x C = {2 * top}); raise max to {2 * top} or more, or drop the level"
         )
     _check_load(config)
+    if config["pairing"]["mode"] == "interleaved" and config["load"]["mode"] != "closed":
+        raise ConfigError(
+            f"config error at 'pairing/mode': interleaved arms measure closed-loop levels, and load.mode is "
+            f"{config['load']['mode']}; set pairing.mode to auto or sequential"
+        )
     _check_dataset(config["workload"])
     for name, variant in config["variants"].items():
         for arm in variant.get("arm_server_args", {}):

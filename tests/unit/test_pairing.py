@@ -206,10 +206,12 @@ def test_pairing_mode_auto() -> None:
     assert pairing_mode(gpu, "g") == "sequential"  # one server holds the GPUs
     forced = validate({**BASE_CONFIG, "pairing": {"mode": "sequential"}})
     assert pairing_mode(forced, "sim") == "sequential"
-    opened = validate({**BASE_CONFIG, "load": {"mode": "open"}})
+    opened = validate({**BASE_CONFIG, "load": {"mode": "open"}, "policy": {"measure": False}})
     assert pairing_mode(opened, "sim") == "sequential"  # auto: open levels are measured one arm at a time
     with pytest.raises(ConfigError, match="pairing/mode.*load.mode is open"):
-        validate({**BASE_CONFIG, "load": {"mode": "open"}, "pairing": {"mode": "interleaved"}})
+        validate(
+            {**BASE_CONFIG, "load": {"mode": "open"}, "policy": {"measure": False}, "pairing": {"mode": "interleaved"}}
+        )
 
 
 def test_the_policy_is_paired_with_the_best_fixed_arm() -> None:

@@ -206,12 +206,11 @@ def test_pairing_mode_auto() -> None:
     assert pairing_mode(gpu, "g") == "sequential"  # one server holds the GPUs
     forced = validate({**BASE_CONFIG, "pairing": {"mode": "sequential"}})
     assert pairing_mode(forced, "sim") == "sequential"
-    opened = validate({**BASE_CONFIG, "load": {"mode": "open"}, "policy": {"measure": False}})
+    open_loop = {"load": {"mode": "open"}, "policy": {"measure": False}, "analysis": {"primary_metric": "tpot_p50_s"}}
+    opened = validate({**BASE_CONFIG, **open_loop})
     assert pairing_mode(opened, "sim") == "sequential"  # auto: open levels are measured one arm at a time
     with pytest.raises(ConfigError, match="pairing/mode.*load.mode is open"):
-        validate(
-            {**BASE_CONFIG, "load": {"mode": "open"}, "policy": {"measure": False}, "pairing": {"mode": "interleaved"}}
-        )
+        validate({**BASE_CONFIG, **open_loop, "pairing": {"mode": "interleaved"}})
 
 
 def test_the_policy_is_paired_with_the_best_fixed_arm() -> None:

@@ -81,7 +81,7 @@ def test_added_levels_are_logged_to_the_same_sweep(adaptive_run: Path) -> None:
         assert steps == sorted([4, 64, *added])
 
 
-def test_nothing_reruns_and_an_added_cell_reruns_alone(adaptive_run: Path, tmp_path: Path) -> None:
+def test_nothing_reruns_and_an_added_level_reruns_alone(adaptive_run: Path, tmp_path: Path) -> None:
     work = tmp_path / "exp"
     shutil.copytree(adaptive_run, work, symlinks=True)
     again = snakemake(work, "-n", "crossover")
@@ -91,8 +91,10 @@ def test_nothing_reruns_and_an_added_cell_reruns_alone(adaptive_run: Path, tmp_p
     proc = snakemake(work, "-n", "crossover", "--forcerun", target)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
-    cells = re.findall(r"^rule cell:\n(?:    .*\n)*?    output: ([^,\n]+)", text, flags=re.M)
-    assert cells == [f"results/ad/sim/eagle3/c{c}/requests.parquet"], cells
+    # the added level is one interleaved job for both arms (its first output: the baseline's records)
+    levels = re.findall(r"^rule paired_level:\n(?:    .*\n)*?    output: ([^,\n]+)", text, flags=re.M)
+    assert levels == [f"results/ad/sim/baseline/c{c}/requests.parquet"], levels
+    assert not re.findall(r"^rule (?:cell|paired_policy):", text, flags=re.M)
 
 
 def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, tmp_path: Path) -> None:

@@ -333,6 +333,30 @@ def _fail(state_dir: Path, rec: ServerRecord, spec: ServerSpec, why: str) -> Non
     )
 
 
+def _reusable(rec: ServerRecord | None, probe: ServerSpec, owner: tuple[int, float]) -> bool:
+    """A recorded server this process may use for `probe`: same identity and owner, alive and ready."""
+    return (
+        rec is not None
+        and rec.identity == probe.identity
+        and rec.owner_pid == owner[0]
+        and process_started(rec.server_pid) is not None
+        and is_ready(rec.base_url, probe.readiness_paths)
+    )
+
+
+def _check_served(state_dir: Path, rec: ServerRecord, probe: ServerSpec, label: str, during: str) -> None:
+    """A server being stopped (its owner went away) may linger while it shuts down: what was measured against
+    it holds failures, not the engine. Its record is gone, or it no longer answers its readiness path."""
+    current = read_record(_record_path(state_dir, probe.resource))
+    if (
+        process_started(rec.server_pid) is None
+        or current is None
+        or current.server_pid != rec.server_pid
+        or not is_ready(rec.base_url, probe.readiness_paths)
+    ):
+        raise ServerError(f"the server of {label} stopped during {during}; see {rec.log_path}")
+
+
 @contextlib.contextmanager
 def acquire(
     state_dir: str | Path,
@@ -357,13 +381,7 @@ def acquire(
         with file_lock(state_dir / "state.lock"):
             owner = _owner()
             rec = read_record(_record_path(state_dir, probe.resource))
-            reusable = (
-                rec is not None
-                and rec.identity == probe.identity
-                and rec.owner_pid == owner[0]
-                and process_started(rec.server_pid) is not None
-                and is_ready(rec.base_url, probe.readiness_paths)
-            )
+            reusable = _reusable(rec, probe, owner)
             if rec is not None and not reusable:
                 stop_record(state_dir, rec, reason=f"resource {probe.resource} needed by {label}")
             for member in group_records(state_dir, probe.resource):
@@ -380,16 +398,7 @@ def acquire(
             _wait_ready(state_dir, rec, spec)
             log_event(state_dir, "ready", label=label, identity=rec.identity, pid=rec.server_pid)
         yield rec
-        # A server being stopped (its owner went away) may linger while it shuts down: a cell measured against
-        # it holds failures, not the engine. Its record is gone, or it no longer answers its readiness path.
-        current = read_record(_record_path(state_dir, probe.resource))
-        if (
-            process_started(rec.server_pid) is None
-            or current is None
-            or current.server_pid != rec.server_pid
-            or not is_ready(rec.base_url, probe.readiness_paths)
-        ):
-            raise ServerError(f"the server of {label} stopped during the cell; see {rec.log_path}")
+        _check_served(state_dir, rec, probe, label, "the cell")
 
 
 GROUP_SEP = "#"  # a group member's resource: <resource>#<slot>
@@ -462,13 +471,7 @@ def acquire_group(
                 rec = read_record(_record_path(state_dir, probe.resource))
                 if rec is not None:
                     thaw(rec)
-                reusable = (
-                    rec is not None
-                    and rec.identity == probe.identity
-                    and rec.owner_pid == owner[0]
-                    and process_started(rec.server_pid) is not None
-                    and is_ready(rec.base_url, probe.readiness_paths)
-                )
+                reusable = _reusable(rec, probe, owner)
                 if rec is not None and not reusable:
                     stop_record(state_dir, rec, reason=f"{labels[slot]} changed")
                 if reusable:
@@ -494,15 +497,7 @@ def acquire_group(
             for rec in [*recs.values(), *idle]:
                 thaw(rec)
         for slot, rec in recs.items():
-            current = read_record(_record_path(state_dir, rec.resource))
-            probe = make_scoped(slot, rec.port)
-            if (
-                process_started(rec.server_pid) is None
-                or current is None
-                or current.server_pid != rec.server_pid
-                or not is_ready(rec.base_url, probe.readiness_paths)
-            ):
-                raise ServerError(f"the server of {labels[slot]} stopped during the level; see {rec.log_path}")
+            _check_served(state_dir, rec, make_scoped(slot, rec.port), labels[slot], "the level")
 
 
 # ---------------------------------------------------------------- supervisor

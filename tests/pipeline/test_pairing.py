@@ -171,5 +171,5 @@ def test_replicated_instances_run_in_counterbalanced_segments(tmp_path: Path) ->
         ]
         ids = {i["identity"] for i in base["server"]["instances"]}
         assert len(ids) == 2  # two server instances, not one reused
-        assert levels[c]["used"] and levels[c]["paired"]["blocks"] == 2, levels[c]
+        assert levels[c]["used"] and levels[c]["paired"]["unit"] == "instance", levels[c]
     assert not sim_server_processes(tmp_path)

@@ -510,7 +510,7 @@ def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
     """How a level's speedup was estimated when its arms were interleaved (None: from separate cells)."""
     if pe is None:
         return None
-    return {"blocks": pe.pairs, "df": pe.df, "spread_dominates": pe.spread_dominates}
+    return {"blocks": pe.pairs, "unit": pe.unit, "df": pe.df, "spread_dominates": pe.spread_dominates}
 
 
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
@@ -646,7 +646,14 @@ def analyze_arm(
     n_reps = [b.n_repeats.get(pname, 0) for b in cells_b if b.has_interval.get(pname)]
     within_only, interval_note = _repeats_note(methods, n_reps)
     pairs = [r["paired"] for r in per_level if r.get("paired")]
-    if pairs and len(pairs) == len(used):  # every level measured in interleaved blocks: the paired interval
+    if pairs and len(pairs) == len(used) and {p["unit"] for p in pairs} == {"instance"}:
+        counts = sorted({p["blocks"] for p in pairs})
+        within_only = counts == [1]
+        interval_note = (
+            f"replicated arms: {'/'.join(map(str, counts))} server instance(s) per arm in counterbalanced "
+            "segments, the speedup from the arms' instance means (the instances' spread in the interval)"
+        )
+    elif pairs and len(pairs) == len(used):  # every level measured in interleaved blocks: the paired interval
         blocks = sorted({p["blocks"] for p in pairs})
         within_only = blocks == [1]
         interval_note = (

@@ -33,22 +33,24 @@ class PairedEstimate:
     pairs: int  # blocks of the compared arm, each set against its neighbouring reference blocks
     df: int  # of the variance used: the clusters of blocks sharing neighbours less one, or the blocks' own
     spread_dominates: bool  # the d's varied more than the blocks' own noise explains (drift or instances)
+    unit: str = "block"  # what `pairs` counts: interleaved blocks, or server instances (segments)
 
 
 def pairing_of(cell: Cell) -> dict[str, Any] | None:
     p = cell.summary.get("pairing")
-    return p if isinstance(p, dict) and p.get("mode") == "interleaved" else None
+    return p if isinstance(p, dict) and p.get("mode") in ("interleaved", "segments") else None
 
 
 def paired(base: Cell, other: Cell) -> bool:
-    """Whether the two cells were measured in one interleaved level job (the same pairing id)."""
+    """Whether the two cells were measured together: in one interleaved level job, or merged from one set of
+    counterbalanced segments (the same pairing id)."""
     a, b = pairing_of(base), pairing_of(other)
     return a is not None and b is not None and a.get("id") == b.get("id")
 
 
 def neighbour_weights(blocks: list[dict[str, Any]], ref_arm: str, arm: str) -> dict[int, dict[int, float]]:
-    """For each block (repeat) of `arm`: the reference arm's neighbouring blocks (before and after in time),
-    as repeat -> weight (the weights of one block sum to 1)."""
+    """For each block (repeat) of `arm`: the reference arm's blocks next to it in time (the one before and the
+    one after), as repeat -> weight (a block's weights sum to 1)."""
     order = sorted((b for b in blocks if b["arm"] in (ref_arm, arm)), key=lambda b: float(b["start_unix"]))
     out: dict[int, dict[int, float]] = {}
     for i, b in enumerate(order):
@@ -59,6 +61,15 @@ def neighbour_weights(blocks: list[dict[str, Any]], ref_arm: str, arm: str) -> d
         nbrs = [int(x["repeat"]) for x in (before, after) if x is not None]
         if nbrs:
             out[int(b["repeat"])] = {r: 1.0 / len(nbrs) for r in nbrs}
+    return out
+
+
+def _instances(blocks: list[dict[str, Any]], arm: str) -> dict[int, list[int]]:
+    """A segmented arm's repeats by server instance."""
+    out: dict[int, list[int]] = {}
+    for b in blocks:
+        if b["arm"] == arm:
+            out.setdefault(int(b["instance"]), []).append(int(b["repeat"]))
     return out
 
 
@@ -78,6 +89,8 @@ def paired_estimate(
         return None
     pairing = pairing_of(base)
     assert pairing is not None
+    if pairing["mode"] == "segments":
+        return _segments_estimate(pairing, base, other, base_boot, other_boot, name, higher_is_better, n_boot, rng)
     weights = neighbour_weights(pairing["blocks"], base.arm, other.arm)
     bv, ov = base_boot.repeat_values.get(name, {}), other_boot.repeat_values.get(name, {})
     if not weights or any(r not in ov for r in weights) or any(r not in bv for w in weights.values() for r in w):
@@ -123,3 +136,46 @@ def paired_estimate(
     draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
     reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
     return PairedEstimate(math.exp(point), reps, n, int(df), dominated)
+
+
+def _segments_estimate(
+    pairing: dict[str, Any],
+    base: Cell,
+    other: Cell,
+    base_boot: CellBootstrap,
+    other_boot: CellBootstrap,
+    name: str,
+    higher_is_better: bool,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> PairedEstimate | None:
+    """Arms measured on several server instances in counterbalanced segments (A B | B A, each segment every
+    level): the difference of the arms' mean log value over their instances. Its variance is the larger of the
+    instances' own spread per arm (Welch: the instance effect and the drift between segments, which the
+    counterbalanced order cancels to first order but does not remove) and the blocks' sampling noise."""
+    sign = 1.0 if higher_is_better else -1.0
+    per_arm = []
+    for cell, boot in ((base, base_boot), (other, other_boot)):
+        values, log_var = boot.repeat_values.get(name, {}), boot.repeat_log_var.get(name, {})
+        groups = _instances(pairing["blocks"], cell.arm)
+        if not groups or any(r not in values or not values[r] > 0 for g in groups.values() for r in g):
+            return None
+        means = np.array([np.mean([math.log(values[r]) for r in g]) for g in groups.values()])
+        within = [sum(log_var[r][0] for r in g) / len(g) ** 2 for g in groups.values() if all(r in log_var for r in g)]
+        per_arm.append((means, within, sum(log_var.get(r, (0, 0))[1] for g in groups.values() for r in g)))
+    (bm, bw, bdf), (om, ow, odf) = per_arm
+    point = sign * (float(np.mean(om)) - float(np.mean(bm)))
+    noise = sum(bw) / len(bm) ** 2 + sum(ow) / len(om) ** 2
+    sb = float(np.var(bm, ddof=1)) / bm.size if bm.size >= 2 else float("nan")
+    so = float(np.var(om, ddof=1)) / om.size if om.size >= 2 else float("nan")
+    if np.isfinite(sb) and np.isfinite(so) and sb + so >= noise:
+        var = sb + so  # Welch-Satterthwaite degrees of freedom
+        df = max(1, int(var**2 / ((sb**2 / (bm.size - 1) if sb else 0) + (so**2 / (om.size - 1) if so else 0) or 1)))
+        dominated = True
+    elif noise > 0 and bdf + odf >= 1:
+        var, df, dominated = noise, int(bdf + odf), False
+    else:
+        return None
+    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
+    reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
+    return PairedEstimate(math.exp(point), reps, int(om.size), df, dominated, unit="instance")

@@ -31,6 +31,7 @@ rule env:
         slurm_extra=slurm("slurm_extra"),
     params:
         args=fingerprint_args,
+        recipe_sha256=recipe_digest,
         envs_root=Path(config["envs_dir"] or Path(config["results_dir"]) / "_envs"),
     shell:
         "python -m specsweep fingerprint {params.args} --envs-root {params.envs_root} --out {output} > {log} 2>&1"

@@ -15,6 +15,7 @@ from specsweep.config import (
     load_mode,
     parse_level,
     policy_arms,
+    preflight_spec,
     requests_for,
     slurm_resources,
     startup_timeout_s,
@@ -157,6 +158,10 @@ def cell_inputs(wildcards):
     if config["workload"]["dataset"]:  # an edited workload file re-measures the cells that send it
         inputs["dataset"] = config["workload"]["dataset"]["path"]
     return inputs
+
+
+def preflight_spec_json(wildcards):
+    return dumps(preflight_spec(config, known("variant", wildcards.variant, VARIANTS)))
 
 
 def variant_analysis_json(wildcards):

@@ -574,6 +574,26 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def preflight_spec(config: dict[str, Any], variant: str) -> dict[str, Any]:
+    """What a variant's preflight checks (the preflight job's param): where environments and results go, the
+    variant's stack, model, GPUs and port, and its arms' server arguments. Nothing else (gates, SLOs, start-up
+    timeout, other variants), so editing those reruns no preflight."""
+    v = config["variants"][variant]
+    keys = ("engine", "recipe", "python", "model", "model_builder", "tp", "gpus", "host", "port", "server_args")
+    arm_args = {
+        name: list(arm.get("server_args", [])) + list(v.get("arm_server_args", {}).get(name, []))
+        for name, arm in config["arms"].items()
+    }
+    return {
+        "results_dir": config["results_dir"],
+        "envs_dir": config["envs_dir"],
+        "variant": variant,
+        "spec": {k: v.get(k) for k in keys},
+        # the simulated engine has no draft model and no fusion: its arms' flags are not checked
+        "arm_args": arm_args if v["engine"] != "sim" else {},
+    }
+
+
 def startup_timeout_s(config: dict[str, Any], variant: str) -> int:
     """The variant's server start-up timeout (a resource of the cell rule, so changing it reruns nothing)."""
     return math.ceil(config["variants"][variant]["startup_timeout_s"])

@@ -77,7 +77,7 @@ def test_kimi_example_on_8_sm120_names_the_fusion_patch(smi, no_network, capsys)
     assert rc == 1  # the models are placeholders here
     cfg = ssconfig.load(KIMI)
     fusion = [
-        v for v in cfg["variants"] if preflight.asks_for_fusion(ssconfig.preflight_spec(cfg, v)["spec"]["server_args"])
+        v for v in cfg["variants"] if preflight.asks_for_fusion(preflight.all_args(ssconfig.preflight_spec(cfg, v)))
     ]
     assert fusion, "the example has a fusion variant"
     for v in cfg["variants"]:

@@ -408,6 +408,11 @@ def check_port(variant: str, spec: dict[str, Any]) -> list[Finding]:
     return [Finding("ok", variant, "port", f"{host}:{port} is free")]
 
 
+def all_args(pre: dict[str, Any]) -> list[str]:
+    """Every server argument a variant's servers may get: its own and each arm's."""
+    return list(pre["spec"].get("server_args") or []) + [a for args in pre["arm_args"].values() for a in args]
+
+
 def check_variant(pre: dict[str, Any], root: Path, gpus: Any) -> tuple[list[Finding], list[tuple[str, str]]]:
     """Every check of one variant but the index probes, which are returned to run in parallel."""
     variant, spec = pre["variant"], pre["spec"]
@@ -422,8 +427,8 @@ def check_variant(pre: dict[str, Any], root: Path, gpus: Any) -> tuple[list[Find
             found.append(Finding("error", variant, "recipe", str(e).rstrip(".")))
     elif spec["engine"] != "sim" and not spec.get("python"):
         found.append(Finding("error", variant, "recipe", "no recipe", "add `recipe: envs/<file>.txt`"))
-    all_args = list(spec.get("server_args", [])) + [a for args in pre["arm_args"].values() for a in args]
-    found += check_gpus(variant, spec, recipe, all_args, gpus)
+    all_args_ = all_args(pre)
+    found += check_gpus(variant, spec, recipe, all_args_, gpus)
     probes: list[tuple[str, str]] = []
     if recipe is not None and recipe_path is not None:
         for local in recipe["local"]:

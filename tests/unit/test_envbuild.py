@@ -115,6 +115,9 @@ def test_real_recipes_parse() -> None:
     for name in ("sglang-cu129.txt", "sglang-cu130.txt"):
         parsed = envbuild.parse_recipe(root / "envs" / name)
         assert any(line.startswith("sglang==") for line in parsed["lines"])
+    for name in ("vllm-cpu.txt", "sglang-cu129.txt", "sglang-cu130.txt"):  # index-only: hashes as before
+        parsed = envbuild.parse_recipe(root / "envs" / name)
+        assert parsed["local"] == [] and parsed["patches"] == []
 
 
 def test_concurrent_builders_share_one_env(tmp_path: Path) -> None:

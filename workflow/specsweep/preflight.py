@@ -496,7 +496,8 @@ def preflight(pres: list[dict[str, Any]], root: Path) -> list[Finding]:
                     "and point the recipe at the mirror (--find-links)",
                 )
             )
-    return found
+    order = {p["variant"]: n for n, p in enumerate(pres)}
+    return sorted(found, key=lambda f: order.get(f.variant, len(order)))  # stable: each variant's in check order
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

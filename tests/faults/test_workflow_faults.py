@@ -182,6 +182,24 @@ def test_missing_recipe_or_model_fails_before_any_server(workdir: Path) -> None:
     assert not (workdir / "results" / "wf" / ".servers").exists()
 
 
+def test_failing_preflight_stops_the_variant_before_its_environment(workdir: Path) -> None:
+    """A missing model is found by the variant's first job, in seconds: no environment is built, no server
+    started, and the preflight log names the model and the fix."""
+    (workdir / "envs").mkdir()
+    (workdir / "envs" / "stack.txt").write_text("# an empty stack: building it would take a second\n")
+    variants = {"real": {"engine": "vllm", "recipe": "envs/stack.txt", "model": "/no/such/model"}}
+    write_config(workdir, variants=variants)
+    proc = run(workdir, "crossover")
+    assert proc.returncode != 0
+    assert "Error in rule preflight" in proc.stdout, proc.stdout[-3000:]
+    log = (workdir / "results" / "wf" / "logs" / "preflight" / "real.log").read_text()
+    assert "ERROR   [real] served model: /no/such/model does not exist. Fix:" in log
+    assert not (workdir / "results" / "_envs").exists()
+    assert not (workdir / "results" / "wf" / "envs" / "real.json").exists()
+    servers = workdir / "results" / "wf" / ".servers"  # the stop-on-SIGTERM hook makes it; no server was logged
+    assert sorted(p.name for p in servers.iterdir()) == ["state.lock"]
+
+
 def test_fake_api_key_found_in_no_output(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-specsweep-pipeline-secret-9876"
     monkeypatch.setenv("SPECSWEEP_FAKE_KEY", secret)

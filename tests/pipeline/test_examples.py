@@ -11,7 +11,7 @@ from tests.conftest import REPO, SNAKEMAKE
 pytestmark = pytest.mark.pipeline
 
 
-@pytest.mark.parametrize(("name", "cells", "schedules"), [("kimi-k25-8gpu", 32, 2), ("vllm-cpu-tiny", 12, 1)])
+@pytest.mark.parametrize(("name", "cells", "schedules"), [("kimi-k25-8gpu", 48, 3), ("vllm-cpu-tiny", 12, 1)])
 def test_example_dry_run(tmp_path, name: str, cells: int, schedules: int) -> None:
     """The fixed arms' cells, then per variant the `schedule` checkpoint that the policy arm's cells follow
     (their server commands, SGLang's adaptive flags included: tests/unit/test_engines_golden.py)."""

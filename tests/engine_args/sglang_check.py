@@ -121,6 +121,11 @@ def check(argv: list[str], ServerArgs: Any, handle_deprecated_args: Any, adaptiv
     try:
         parser = _Parser(prog="sglang.launch_server", add_help=False)
         ServerArgs.add_cli_args(parser)
+        for a in argv:
+            flag = a.split("=", 1)[0]
+            if flag.startswith("--") and flag not in parser._option_string_actions:
+                # argparse takes an unambiguous prefix: today's abbreviation, tomorrow's error
+                errors.append(f"{flag} is not an SGLang flag (an abbreviation or a typo): spell the flag out")
         for flag, action in used_actions(parser, argv):
             if type(action).__name__.startswith("Deprecated"):
                 deprecated.append(f"{flag}: SGLang's {type(action).__name__} (help: {action.help})")
@@ -129,11 +134,12 @@ def check(argv: list[str], ServerArgs: Any, handle_deprecated_args: Any, adaptiv
         try:
             ns = parser.parse_args(argv)
         except _Refused as e:
-            return {"errors": [f"SGLang's parser refuses it: {e}"], "deprecated": deprecated, "fields": {}}
+            return {"errors": [*errors, f"SGLang's parser refuses it: {e}"], "deprecated": deprecated, "fields": {}}
         try:
             sa = ServerArgs.from_cli_args(ns)
         except Exception as e:  # SGLang's own check of the values
-            return {"errors": [f"ServerArgs.from_cli_args: {type(e).__name__}: {e}"], "deprecated": deprecated}
+            errors.append(f"ServerArgs.from_cli_args: {type(e).__name__}: {e}")
+            return {"errors": errors, "deprecated": deprecated, "fields": {}}
         handle_deprecated_args(sa)  # SGLang's rewriting of deprecated fields, logging each
         rewritten = {k: v for _, d in getattr(sa, "_resolved_overrides", []) for k, v in d.items()}
         if sa.speculative_adaptive:

@@ -116,6 +116,7 @@ def test_misspelled_unknown_and_deprecated_flags_fail(sglang_python: str, tmp_pa
         {
             "misspelled": [*base, "--speculativ-num-steps", "3"],
             "unknown": [*base, "--enable-all-the-speed"],
+            "abbreviated": [*base, "--max-running", "8"],
             "bad value": [*base, "--flashinfer-allreduce-fusion-backend", "nccl"],
             "deprecated switch": [*base, "--enable-flashinfer-allreduce-fusion"],
             "deprecated alias": [*base, "--cuda-graph-max-bs", "64"],
@@ -136,6 +137,7 @@ def test_misspelled_unknown_and_deprecated_flags_fail(sglang_python: str, tmp_pa
     r = out["results"]
     assert "--speculativ-num-steps" in r["misspelled"]["errors"][0]
     assert "--enable-all-the-speed" in r["unknown"]["errors"][0]
+    assert "--max-running is not an SGLang flag" in r["abbreviated"]["errors"][0]  # argparse alone would take it
     assert "nccl" in r["bad value"]["errors"][0]
     assert any("flashinfer-allreduce-fusion-backend" in d for d in r["deprecated switch"]["deprecated"])
     assert r["deprecated switch"]["fields"]["resolved.flashinfer_allreduce_fusion_backend"] == "auto"

@@ -53,9 +53,14 @@ def check(argv: list[str]) -> dict[str, Any]:
     try:
         parser = make_arg_parser(Parser(description="vLLM OpenAI-Compatible RESTful API server."))
         for a in argv:
-            action = parser._option_string_actions.get(a.split("=", 1)[0])
-            if action is not None and action in getattr(parser, "_deprecated", set()):
-                deprecated.append(f"{a.split('=', 1)[0]}: vLLM marks it deprecated")
+            if not a.startswith("--"):
+                continue
+            flag = re.split(r"[=.+]", a, maxsplit=1)[0].replace("_", "-")
+            action = parser._option_string_actions.get(flag)
+            if action is None:  # argparse takes an unambiguous prefix: today's abbreviation, tomorrow's error
+                errors.append(f"{flag} is not a vLLM flag (an abbreviation or a typo): spell the flag out")
+            elif action in getattr(parser, "_deprecated", set()):
+                deprecated.append(f"{flag}: vLLM marks it deprecated")
         try:
             args = parser.parse_args(argv)
         except _Refused as e:

@@ -488,23 +488,35 @@ def cell_spec(
     the server start-up timeout is a resource of the rule (`startup_timeout_s`). A policy arm's cell also
     holds the schedule it serves (`served`: its family's entry of schedule.json)."""
     arm_cfg = config["arms"][arm]
+    served_by = arm  # the arm whose server flags the cell's server takes
     if arm_cfg.get("policy"):
         if not served or not served.get("schedule"):
             raise ConfigError(f"arm {arm} serves its family's derived schedule, and none was given")
         arm_cfg = {**arm_cfg, "schedule": served["schedule"]}
         if served.get("file"):
             arm_cfg["schedule_file"] = served["file"]
+        if config["variants"][variant].get("engine") == "sglang" and all(int(k) == 0 for *_, k in served["schedule"]):
+            # No drafting at any load: SGLang would be started with --speculative-num-steps 0 and a draft model;
+            # the deployment that serves this schedule is plain decoding, so the cell serves the baseline's command.
+            served_by = config["analysis"]["baseline_arm"]
+            arm_cfg = {
+                **config["arms"][served_by],
+                "family": arm_cfg["family"],
+                "policy": True,
+                "schedule": served["schedule"],
+                "serves_arm": served_by,
+            }
     mode = load_mode(config)
     if mode != "closed":
         return {
-            **_common_cell_spec(config, variant, arm, arm_cfg),
+            **_common_cell_spec(config, variant, served_by, arm_cfg, arm),
             "load": _load_slice(config["load"], mode),
             "level": _number(concurrency),
             "concurrency": int(config["load"]["max_in_flight"]),
             "n_requests": open_request_count(config, concurrency),
         }
     return {
-        **_common_cell_spec(config, variant, arm, arm_cfg),
+        **_common_cell_spec(config, variant, served_by, arm_cfg, arm),
         "concurrency": int(concurrency),
         "n_requests": requests_for(config, int(concurrency)),
     }
@@ -528,13 +540,16 @@ def open_request_count(config: dict[str, Any], level: float) -> int:
     return max(int(config["workload"]["requests"]["floor"]), math.ceil(float(level) * float(load["duration_s"])))
 
 
-def _common_cell_spec(config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any]) -> dict[str, Any]:
+def _common_cell_spec(
+    config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    """`arm` gives the server flags (the variant's extra ones for it); `name` the cell's arm (default: `arm`)."""
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
         "variant_name": variant,
         "variant": _variant_for_arm(config["variants"][variant], arm),
-        "arm_name": arm,
+        "arm_name": name or arm,
         "arm": arm_cfg,
         "repeats": config["repeats"],
         "workload": config["workload"],

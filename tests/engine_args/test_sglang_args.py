@@ -92,6 +92,13 @@ def test_every_generated_sglang_command_parses(sglang_python: str, tmp_path: Pat
     assert out["version"] == pinned(SGLANG_RECIPE)
     bad = {k: problems(r) for k, r in out["results"].items() if problems(r)}
     assert not bad, "SGLang " + out["version"] + " refuses or deprecates:\n" + json.dumps(bad, indent=1)
+    # the stand-in's /server_info payload (tests/support) has every field of this release's ServerArgs
+    payload = json.loads((REPO / "tests" / "support" / "sglang_server_info.json").read_text())
+    assert set(out["server_args_fields"]) <= set(payload), set(out["server_args_fields"]) - set(payload)
+    extra = set(payload) - set(out["server_args_fields"])
+    assert extra == {"max_total_num_tokens", "startup_time", "internal_states", "version", "kv_events"} | {
+        "launch_command"  # 0.5.23's
+    }
     fields = {k: r["fields"] for k, r in out["results"].items()}
     # what SGLang makes of them: the fusion variant asks for fusion in the current field, the others do not
     for k, f in fields.items():

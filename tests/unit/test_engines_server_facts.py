@@ -113,3 +113,14 @@ def test_all_zero_schedule_serves_the_baseline_command() -> None:
     assert "--speculative-adaptive" in mixed and mixed[mixed.index("--speculative-num-steps") + 1] == "3"
     with pytest.raises(ValueError, match="baseline's command"):
         sglang_args(["--speculative-algorithm", "EAGLE3"], {"schedule": [[1, 256, 0]], "schedule_file": "f"})
+
+
+def test_stack_facts_carry_what_the_server_runs() -> None:
+    from specsweep.stack_facts import stack_facts
+
+    info = summarize_server_info(payload(flashinfer_allreduce_fusion_backend="auto", speculative_adaptive=True))
+    facts = stack_facts({"engine": "sglang", "server": {"info": info, "argv": ["py"]}})
+    assert facts["stack.allreduce_fusion"] == "auto" and facts["stack.speculative_adaptive"] is True
+    assert "stack.allreduce_fusion" not in stack_facts(
+        {"engine": "sglang", "server": {"info": summarize_server_info(PAYLOAD)}}
+    )

@@ -199,7 +199,10 @@ def main() -> int:
         name: check(list(cmd["argv"]), ServerArgs, handle_deprecated_args, adaptive)
         for name, cmd in request["commands"].items()
     }
-    fields = sorted(f.name for f in dataclasses.fields(ServerArgs))
+    if dataclasses.is_dataclass(ServerArgs):  # 0.5.19
+        fields = sorted(f.name for f in dataclasses.fields(ServerArgs))
+    else:  # a msgspec Struct since 0.5.2x
+        fields = sorted(getattr(ServerArgs, "__struct_fields__", ()))
     out = {"version": sglang.__version__, "results": results, "server_args_fields": fields}
     json.dump(out, sys.stdout, default=str)
     return 0

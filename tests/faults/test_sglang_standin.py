@@ -90,15 +90,16 @@ def test_adaptive_reported_off_makes_the_cell_invalid(cells, tmp_path: Path) -> 
 
 
 def test_server_facts_keep_no_secret(cells, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Variable names without secret words, so only the masking of SGLang's fields and flags can hide them."""
     key, admin = "sk-standin-api-key-31337", "adm-standin-admin-key-27182"
-    monkeypatch.setenv("STANDIN_SERVER_API_KEY", key)
-    cfg = standin_config(tmp_path, ["--admin-api-key", admin], api_key_env="STANDIN_SERVER_API_KEY")
-    summary = cells.run(cfg, arm="eagle3", variant="sgl")
+    monkeypatch.setenv("STANDIN_SERVER_ACCESS", key)
+    monkeypatch.setenv("STANDIN_ADMIN_VALUE", admin)  # the server reports it; specsweep never sees it otherwise
+    summary = cells.run(standin_config(tmp_path, [], api_key_env="STANDIN_SERVER_ACCESS"), arm="eagle3", variant="sgl")
+    assert summary["metrics"]["n_ok"] == summary["metrics"]["n_requests"]  # the key was sent
     raw = summary["server"]["info"]["raw"]
     assert raw["api_key"] == raw["admin_api_key"] == "***"
-    assert "--api-key ***" in raw["launch_command"] and "--admin-api-key ***" in raw["launch_command"]
+    assert "--api-key ***" in raw["launch_command"]
     assert raw["speculative_num_draft_tokens"] == 4 and raw["max_total_num_tokens"] == 655360  # facts are kept
-    monkeypatch.delenv("STANDIN_SERVER_API_KEY")  # nothing may rely on the environment to mask it
     stored = cells.all_text() + pd.read_parquet(cells.out_dir("cell") / "requests.parquet").to_json()
     payload = json.dumps(
         [tracking.cell_params(summary), tracking.cell_metrics(summary), cell_note(summary)], default=str
@@ -106,3 +107,11 @@ def test_server_facts_keep_no_secret(cells, tmp_path: Path, monkeypatch: pytest.
     for secret in (key, admin):
         assert secret not in stored, f"{secret} stored under {cells.root}"
         assert secret not in payload, "a key reached the MLflow payload"
+
+
+def test_a_secret_flag_in_server_args_is_refused(tmp_path: Path) -> None:
+    from specsweep.engines import get_engine
+
+    cfg = standin_config(tmp_path, ["--admin-api-key", "adm-literal"])
+    with pytest.raises(ValueError, match="--admin-api-key"):
+        get_engine("sglang").server_spec(cfg["variants"]["sgl"], "baseline", {"speculative": False}, "h", 1, "py")

@@ -10,6 +10,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 SECRET_FLAGS = {"--api-key", "--admin-api-key", "--hf-token", "--token"}
 MASK = "***"
+API_KEY_FLAG = "--api-key"  # the one secret flag specsweep writes itself (from api_key_env) and puts back at launch
 # A field or flag name holds a secret when one of its words is one of these (api_key, admin_api_key,
 # ssl_keyfile_password, watermark_key_b, ...) or its last word is a token word (hf_token; not max_total_tokens,
 # speculative_num_draft_tokens or speculative_token_map, which are figures an analysis needs).
@@ -144,7 +145,7 @@ def safe_environ(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def unredact_argv(argv: list[str], secret_env: tuple[str, ...] | list[str]) -> list[str]:
-    """Put the secret back (from the environment, at launch time) where a secret flag's value is masked."""
+    """Put the API key back (from the environment, at launch time) where `--api-key`'s value is masked."""
     if not secret_env:
         return list(argv)
     value = os.environ.get(secret_env[0])
@@ -152,8 +153,8 @@ def unredact_argv(argv: list[str], secret_env: tuple[str, ...] | list[str]) -> l
         raise RuntimeError(f"environment variable {secret_env[0]} (the server's API key) is not set")
     out = list(argv)
     for i, a in enumerate(out):
-        if a == MASK and i > 0 and is_secret_flag(out[i - 1]):
+        if a == MASK and i > 0 and out[i - 1] == API_KEY_FLAG:
             out[i] = value
-        elif "=" in a and is_secret_flag(a.split("=", 1)[0]) and a.endswith("=" + MASK):
+        elif a == f"{API_KEY_FLAG}={MASK}":
             out[i] = a.split("=", 1)[0] + "=" + value
     return out

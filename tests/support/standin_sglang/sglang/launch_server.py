@@ -6,7 +6,8 @@ SGLang-native API, with /server_info answered as SGLang 0.5.19 does: every Serve
 (tests/support/sglang_server_info.json, generated from the pinned release's ServerArgs dataclass by the parser
 environment and checked against it in tests/engine_args) set from the command line, and `launch_command` as
 SGLang 0.5.23 reports it (the launch argv as one text, an API key in clear). $SPECSWEEP_STANDIN_INFO (JSON)
-overrides fields, e.g. `{"flashinfer_allreduce_fusion_backend": null}` for a server that dropped fusion.
+overrides fields, e.g. `{"flashinfer_allreduce_fusion_backend": null}` for a server that dropped fusion;
+$STANDIN_ADMIN_VALUE is reported as admin_api_key (a key specsweep never saw).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> int:
     info: dict[str, Any] = json.loads(PAYLOAD.read_text())
     info.update({k: v for k, v in vars(args).items() if k in info})
     info["launch_command"] = " ".join(sys.argv[1:])  # as 0.5.23: nothing but a watermark config is redacted
+    info["admin_api_key"] = os.environ.get("STANDIN_ADMIN_VALUE")  # SGLang's --admin-api-key, set beside specsweep
     info.update(json.loads(os.environ.get("SPECSWEEP_STANDIN_INFO") or "{}"))
     server = SimServer(
         load_profile("demo"),

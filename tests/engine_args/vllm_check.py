@@ -64,7 +64,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         try:
             args = parser.parse_args(argv)
         except _Refused as e:
-            return {"errors": [f"vLLM's parser refuses it: {e}"], "deprecated": deprecated, "fields": {}}
+            return {"errors": [*errors, f"vLLM's parser refuses it: {e}"], "deprecated": deprecated, "fields": {}}
         try:
             validate_parsed_serve_args(args)
             engine_args = AsyncEngineArgs.from_cli_args(args)

@@ -43,14 +43,16 @@ class CellRunner:
     def out_dir(self, name: str) -> Path:
         return self.root / "cells" / name
 
-    def run(self, cfg: dict[str, Any], arm: str = "baseline", concurrency: int = 4, name: str = "cell") -> dict:
+    def run(
+        self, cfg: dict[str, Any], arm: str = "baseline", concurrency: int = 4, name: str = "cell", variant: str = "sim"
+    ) -> dict:
         from specsweep.cell import run_cell
 
         cfg = {**cfg, "results_dir": str(self.root / "results")}
         from specsweep.summary import judged
 
-        spec = ssconfig.cell_spec(cfg, "sim", arm, concurrency)
-        timeout = ssconfig.startup_timeout_s(cfg, "sim")  # a resource of the cell rule, not part of the spec
+        spec = ssconfig.cell_spec(cfg, variant, arm, concurrency)
+        timeout = ssconfig.startup_timeout_s(cfg, variant)  # a resource of the cell rule, not part of the spec
         records, summary = run_cell(spec, self.env_json, self.out_dir(name), self.state_dir, self.log_dir, timeout)
         return judged(summary, records, cfg["gates"], cfg["slo"])  # as the analysis judges it
 

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.pipeline
 @pytest.mark.parametrize(
     ("name", "jobs"),
     [
-        # 8 levels x 2 fixed arms x 2 instances per variant (pairing.instances), each level merged from them
-        ("kimi-k25-8gpu", {"instance_cell": 64, "merge_segments": 16, "schedule": 2}),
+        # 3 variants x 8 levels x 2 fixed arms x 2 instances (pairing.instances), each level merged from them
+        ("kimi-k25-8gpu", {"instance_cell": 96, "merge_segments": 24, "schedule": 3}),
         # 4 levels, each one job measuring the 3 fixed arms in interleaved blocks
         ("vllm-cpu-tiny", {"paired_level": 4, "schedule": 1}),
         ("vllm-cpu-tiny-aa", {"paired_level": 4}),

@@ -8,53 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pytest
 
-from specsweep import config as ssconfig
 from specsweep.engines import get_engine
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
-from specsweep.engines.speculation import sglang_adaptive_config
 from specsweep.redact import MissingAPIKey
+from tests.support.commands import EXAMPLE_SCHEDULE, commands_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ["kimi-k25-8gpu", "vllm-cpu-tiny"]
-PORT = 30000
-EXAMPLE_SCHEDULE = [[1, 16, 3], [17, 256, 0]]  # what a policy arm serves: K=3 up to 16 running requests, then 0
 
 pytestmark = pytest.mark.unit
-
-
-def commands_for(config_name: str) -> dict[str, dict]:
-    """The commands the pipeline would launch: validated config (defaults filled), resolved variant, engine."""
-    cfg = ssconfig.load(ROOT / "config" / "examples" / f"{config_name}.yaml")
-    out: dict[str, dict] = {}
-    for vname in cfg["variants"]:
-        variant = ssconfig.variant_for_server(cfg, vname, absolute=False)
-        engine = get_engine(variant["engine"])
-        for aname, arm in cfg["arms"].items():
-            if arm.get("policy"):  # serves the schedule the sweep derives: an example one here
-                file = f"results/{cfg['experiment']}/{vname}/policy/{arm['family']}.sglang-adaptive.json"
-                arm = {**arm, "schedule": EXAMPLE_SCHEDULE, "schedule_file": file}
-            python = f"/envs/{vname}/bin/python"
-            spec = engine.server_spec(variant, aname, arm, variant.get("host", "127.0.0.1"), PORT, python)
-            d = spec.public_dict()
-            if arm.get("policy") and variant["engine"] == "sglang":
-                out[f"{vname}/{aname}.adaptive_config"] = {"content": sglang_adaptive_config(EXAMPLE_SCHEDULE)[0]}
-            out[f"{vname}/{aname}"] = {
-                "command": shlex.join(d["argv"]),
-                "argv": d["argv"],
-                "env": d["env"],
-                "resource": d["resource"],
-                "readiness_paths": d["readiness_paths"],
-                "client_backend": d["client_backend"],
-                "startup_timeout_s": d["startup_timeout_s"],
-            }
-    return out
 
 
 @pytest.mark.parametrize("config_name", EXAMPLES)
@@ -70,14 +38,23 @@ def test_golden_commands(config_name: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert got == want, f"command lines changed; if intended, regenerate {path} (see module docstring)"
 
 
-def test_kimi_fusion_only_in_cu130() -> None:
+def test_kimi_three_stacks_fusion_only_in_cu130_fusion() -> None:
+    """The seed's comparison: the CUDA 12 lane, CUDA 13, and CUDA 13 with fusion (SGLang 0.5.19's current flag)."""
     got = commands_for("kimi-k25-8gpu")
-    assert "--enable-flashinfer-allreduce-fusion" in got["cu130-fusion/eagle3"]["argv"]
-    assert "--enable-flashinfer-allreduce-fusion" not in got["cu129/eagle3"]["argv"]
-    eagle = got["cu130-fusion/eagle3"]["argv"]
-    assert eagle[eagle.index("--speculative-algorithm") + 1] == "EAGLE3"
-    assert eagle[eagle.index("--max-running-requests") + 1] == "256"
-    assert eagle[eagle.index("--tp-size") + 1] == "8"
+    assert {k.split("/")[0] for k in got} == {"cu129", "cu130", "cu130-fusion"}
+    fused = got["cu130-fusion/eagle3"]["argv"]
+    assert fused[fused.index("--flashinfer-allreduce-fusion-backend") + 1] == "auto"
+    for variant in ("cu129", "cu130"):
+        assert not any("allreduce-fusion" in a for a in got[f"{variant}/eagle3"]["argv"])
+    assert not any("--enable-flashinfer-allreduce-fusion" in a for k, c in got.items() for a in c.get("argv", []))
+    # cu130 and cu130-fusion differ only in the fusion flag
+    plain = got["cu130/eagle3"]["argv"]
+    assert [a for a in fused if "allreduce-fusion" not in a and a != "auto"] == [
+        a.replace("/envs/cu130/", "/envs/cu130-fusion/") for a in plain
+    ]
+    assert fused[fused.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert fused[fused.index("--max-running-requests") + 1] == "256"
+    assert fused[fused.index("--tp-size") + 1] == "8"
     assert got["cu129/baseline"]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     assert got["cu129/baseline"]["resource"] == got["cu130-fusion/baseline"]["resource"]
     assert not any(a.startswith("--speculative") for a in got["cu129/baseline"]["argv"])

@@ -600,30 +600,42 @@ def cell_spec(
     if instance is not None:  # one segment of a replicated arm: a server instance of its own (another identity)
         own = arm_cfg.get("env_vars", {}).get(AA_INSTANCE_ENV, arm)
         arm_cfg = {**arm_cfg, "env_vars": {**arm_cfg.get("env_vars", {}), AA_INSTANCE_ENV: f"{own}.i{instance}"}}
+    served_by = arm  # the arm whose server flags the cell's server takes
     if arm_cfg.get("policy"):
         if not served or not served.get("schedule"):
             raise ConfigError(f"arm {arm} serves its family's derived schedule, and none was given")
         arm_cfg = {**arm_cfg, "schedule": served["schedule"]}
         if served.get("file"):
             arm_cfg["schedule_file"] = served["file"]
+        if config["variants"][variant].get("engine") == "sglang" and all(int(k) == 0 for *_, k in served["schedule"]):
+            # No drafting at any load: SGLang would be started with --speculative-num-steps 0 and a draft model;
+            # the deployment that serves this schedule is plain decoding, so the cell serves the baseline's command.
+            served_by = config["analysis"]["baseline_arm"]
+            arm_cfg = {
+                **config["arms"][served_by],
+                "family": arm_cfg["family"],
+                "policy": True,
+                "schedule": served["schedule"],
+                "serves_arm": served_by,
+            }
     mode = load_mode(config)
     if arm_cfg.get("policy") and pairing_mode(config, variant) == "interleaved":
         ref = policy_reference(served or {}, concurrency)
-        spec = {**_common_cell_spec(config, variant, arm, arm_cfg), "concurrency": int(concurrency)}
+        spec = {**_common_cell_spec(config, variant, served_by, arm_cfg, arm), "concurrency": int(concurrency)}
         spec["n_requests"] = requests_for(config, int(concurrency))
         # measured in interleaved blocks with the best fixed arm at this level (None: none was valid)
         spec["pairing"] = {"mode": "interleaved", "reference": ref}
         return spec
     if mode != "closed":
         return {
-            **_common_cell_spec(config, variant, arm, arm_cfg),
+            **_common_cell_spec(config, variant, served_by, arm_cfg, arm),
             "load": _load_slice(config["load"], mode),
             "level": _number(concurrency),
             "concurrency": int(config["load"]["max_in_flight"]),
             "n_requests": open_request_count(config, concurrency),
         }
     return {
-        **_common_cell_spec(config, variant, arm, arm_cfg),
+        **_common_cell_spec(config, variant, served_by, arm_cfg, arm),
         "concurrency": int(concurrency),
         "n_requests": requests_for(config, int(concurrency)),
     }
@@ -647,14 +659,17 @@ def open_request_count(config: dict[str, Any], level: float) -> int:
     return max(int(config["workload"]["requests"]["floor"]), math.ceil(float(level) * float(load["duration_s"])))
 
 
-def _common_cell_spec(config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any]) -> dict[str, Any]:
+def _common_cell_spec(
+    config: dict[str, Any], variant: str, arm: str, arm_cfg: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    """`arm` gives the server flags (the variant's extra ones for it); `name` the cell's arm (default: `arm`)."""
     paired = pairing_mode(config, variant) == "interleaved" and not arm_cfg.get("policy")
     return {
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
         "variant_name": variant,
         "variant": _variant_for_arm(config["variants"][variant], arm),
-        "arm_name": arm,
+        "arm_name": name or arm,
         "arm": arm_cfg,
         # interleaved: measured in alternating blocks with these arms (a change of mode or arms re-measures)
         "pairing": {"mode": "interleaved", "arms": fixed_arms(config)} if paired else {"mode": "sequential"},

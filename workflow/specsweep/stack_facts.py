@@ -96,5 +96,8 @@ def stack_facts(summary: dict[str, Any]) -> dict[str, Any]:
         "stack.packages": ", ".join(f"{k}={v}" for k, v in sorted(packages.items()) if v and k in STACK_PACKAGES)
         or None,
         "stack.torch_cuda": (fp.get("torch") or {}).get("cuda"),
+        # what SGLang reports it runs (the field it sets, not the deprecated switch): compared across variants
+        "stack.allreduce_fusion": info.get("flashinfer_allreduce_fusion_backend"),
+        "stack.speculative_adaptive": info.get("speculative_adaptive") if info.get("speculative_adaptive") else None,
     }
     return {k: v for k, v in facts.items() if v is not None}

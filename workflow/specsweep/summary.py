@@ -18,6 +18,7 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, format_cpus
 from specsweep.client.loadgen import LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
+from specsweep.engines import served_as_asked
 from specsweep.io import atomic_path
 from specsweep.metrics import jsonable, judge, measure_summary
 
@@ -124,7 +125,9 @@ def judged(
 ) -> dict[str, Any]:
     """summary.json judged by `gates` and `slos` (`metrics.judge`): the same layout with `validity`, goodput
     and `judged_with` filled in. The measuring process's own `measurement.reasons` (a cell it knows to be
-    broken) invalidate whatever the gates; its `measurement.flags` are shown beside the gates' flags."""
+    broken) invalidate whatever the gates; its `measurement.flags` are shown beside the gates' flags. A server
+    that reports not doing what its command asked (fusion, adaptive speculation: `engines.served_as_asked`)
+    invalidates the cell too."""
     version = summary.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ValueError(
@@ -137,10 +140,12 @@ def judged(
         gates = {**gates, "max_prefix_cache_hit_rate": gates["max_prefix_cache_hit_rate"] + allowed}
     j = judge(summary, records, int(summary["concurrency"]), gates, slos, summary.get("server_max_running"))
     taken = summary.get("measurement") or {}
+    server = summary.get("server") or {}
+    unmet, unjudged = served_as_asked(summary.get("engine"), server.get("argv") or [], server.get("info") or {})
     validity = j["validity"]
-    validity["reasons"] = [*taken.get("reasons", []), *validity["reasons"]]
-    validity["flags"] = list(dict.fromkeys([*validity["flags"], *taken.get("flags", [])]))
-    validity["valid"] = validity["valid"] and not taken.get("reasons")
+    validity["reasons"] = [*taken.get("reasons", []), *unmet, *validity["reasons"]]
+    validity["flags"] = list(dict.fromkeys([*validity["flags"], *unjudged, *taken.get("flags", [])]))
+    validity["valid"] = validity["valid"] and not taken.get("reasons") and not unmet
     return {**summary, **jsonable(j), "judged_with": {"gates": dict(gates), "slo": slos}}
 
 

@@ -14,3 +14,12 @@ def get_engine(name: str, api_key_env: str | None = None) -> Any:
         raise ValueError(f"unknown engine '{name}'; known engines: {', '.join(ENGINES)}")
     default = importlib.import_module(f"specsweep.engines.{name}").ENGINE
     return type(default)(api_key_env=api_key_env) if api_key_env else default
+
+
+def served_as_asked(engine: str | None, argv: list[str], info: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(reasons, flags) where a server reports not doing what its command line asked (an engine module's
+    `served_as_asked`; none for engines without one). Judged when a cell is read (`summary.judged`)."""
+    if engine not in ENGINES:
+        return [], []
+    check = getattr(importlib.import_module(f"specsweep.engines.{engine}"), "served_as_asked", None)
+    return check(list(argv or []), dict(info or {})) if check else ([], [])

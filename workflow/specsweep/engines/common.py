@@ -16,7 +16,7 @@ import aiohttp
 from specsweep.client.cpu import parse_cpus
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.prometheus import samples
-from specsweep.redact import api_key_from_env
+from specsweep.redact import api_key_from_env, is_secret_flag
 
 __all__ = [
     "CACHE_COUNTERS",
@@ -252,6 +252,13 @@ def real_server_spec(
     extra = as_args((variant.get("arm_server_args") or {}).get(arm_name), f"arm_server_args.{arm_name}")
     check_speculation(engine, arm_name, arm, vargs + aargs + extra, speculative_prefix)
     own = [*vargs, *aargs, *extra]
+    literal = [a.split("=", 1)[0] for a in own if is_secret_flag(a.split("=", 1)[0])]
+    if literal:
+        raise ValueError(
+            f"{engine} arm {arm_name!r}: server_args hold {', '.join(literal)}, whose value would be stored in "
+            "clear or masked at launch (fix: remove it; the server's API key comes from the variant's "
+            "api_key_env, which specsweep passes as --api-key and never stores)"
+        )
     if speculation is not None and arm.get("speculative"):
         own = speculation(own, arm)
     key_args, secret = api_key_args(variant)

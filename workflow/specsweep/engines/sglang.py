@@ -15,7 +15,8 @@ import aiohttp
 
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.common import auth_headers, get_json, post_flush_cache, real_server_spec, require_model
-from specsweep.engines.speculation import sglang_args
+from specsweep.engines.speculation import flag_value, sglang_args
+from specsweep.redact import redact_facts
 
 # ---- the engine -------------------------------------------------------------------------------------------
 
@@ -80,8 +81,29 @@ class SGLangEngine:
         return await post_flush_cache(session, base_url, auth_headers(self.api_key_env))
 
 
+# What the server resolved, as /server_info reports it (SGLang 0.5.19 returns `ServerArgs.resolved_dict()`:
+# the fields after its resolution, sglang/srt/entrypoints/http_server.py). Field names from 0.5.19's ServerArgs
+# (sglang/srt/server_args.py): `--enable-flashinfer-allreduce-fusion` is deprecated, rewritten by
+# `handle_deprecated_args` (sglang/srt/arg_groups/serving_hook.py) to flashinfer_allreduce_fusion_backend="auto"
+# with enable_flashinfer_allreduce_fusion reset to False, so the backend is the field that says fusion is on;
+# `--cuda-graph-max-bs` is a deprecated alias that stores cuda_graph_max_bs_decode; speculative_adaptive reads
+# False when SGLang turned adaptive speculation off (`_maybe_disable_adaptive`, arg_groups/speculative_hook.py).
+FACT_FIELDS = (
+    "flashinfer_allreduce_fusion_backend",
+    "enable_flashinfer_allreduce_fusion",
+    "enforce_disable_flashinfer_allreduce_fusion",
+    "speculative_adaptive",
+    "speculative_adaptive_config",
+    "cuda_graph_max_bs_decode",
+)
+FUSION_FLAGS = ("--flashinfer-allreduce-fusion-backend", "--enable-flashinfer-allreduce-fusion")
+
+
 def summarize_server_info(raw: dict[str, Any], endpoint: str = "/server_info") -> dict[str, Any]:
-    """The interesting facts of an SGLang /server_info payload, plus the raw dict."""
+    """The interesting facts of an SGLang /server_info payload, plus the payload with every secret masked
+    (`redact.redact_facts`: api_key, admin_api_key, launch_command's --api-key, ...): summary.json and MLflow
+    keep what this returns."""
+    raw = redact_facts(raw)
     states = raw.get("internal_states")
     state0 = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     effective = state0.get("effective_max_running_requests_per_dp")
@@ -93,8 +115,7 @@ def summarize_server_info(raw: dict[str, Any], endpoint: str = "/server_info") -
         "max_running_requests": raw.get("max_running_requests"),
         "effective_max_running_requests_per_dp": effective,
         "max_total_num_tokens": raw.get("max_total_num_tokens"),
-        "enable_flashinfer_allreduce_fusion": raw.get("enable_flashinfer_allreduce_fusion"),
-        "cuda_graph_max_bs": raw.get("cuda_graph_max_bs"),
+        **{f: raw.get(f) for f in FACT_FIELDS},
         # cumulative since start: mixes levels, informational only (cells use per-request spec_verify_ct)
         "avg_spec_accept_length_cumulative": state0.get("avg_spec_accept_length"),
         "raw": raw,
@@ -105,3 +126,36 @@ def summarize_server_info(raw: dict[str, Any], endpoint: str = "/server_info") -
 
 
 ENGINE = SGLangEngine()
+
+
+def served_as_asked(argv: list[str], info: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(reasons, flags): what the command line asked for and the server reports it does not do, judged on read
+    from a cell's stored command and server facts. Fusion asked for (either flag) and reported off
+    (flashinfer_allreduce_fusion_backend null) or adaptive speculation asked for and reported off: the cell
+    measured another stack than its variant or arm names, so it is invalid. A fact the server did not report is
+    a flag ("not judged")."""
+    reasons: list[str] = []
+    flags: list[str] = []
+    fusion = flag_value(argv, FUSION_FLAGS[0]) or ("auto" if FUSION_FLAGS[1] in argv else None)
+    if fusion:
+        if "flashinfer_allreduce_fusion_backend" not in info:
+            flags.append(
+                "FlashInfer all-reduce fusion not judged: the server reported no flashinfer_allreduce_fusion_backend"
+            )
+        elif info["flashinfer_allreduce_fusion_backend"] is None:
+            reasons.append(
+                f"asked for FlashInfer all-reduce fusion (backend {fusion}) but the server reports "
+                "flashinfer_allreduce_fusion_backend=null: it ran without fusion (SGLang 0.5.19 turns it off for "
+                "deterministic inference or --enforce-disable-flashinfer-allreduce-fusion; see the server log)"
+            )
+    if "--speculative-adaptive" in argv:
+        if "speculative_adaptive" not in info:
+            flags.append("adaptive speculation not judged: the server reported no speculative_adaptive")
+        elif info["speculative_adaptive"] is not True:
+            reasons.append(
+                "asked for adaptive speculation (--speculative-adaptive) but the server reports "
+                f"speculative_adaptive={info['speculative_adaptive']}: it served static speculation (SGLang turns "
+                "adaptive off with only a warning, e.g. for topk > 1, DP attention or two-batch overlap; see the "
+                "server log)"
+            )
+    return reasons, flags

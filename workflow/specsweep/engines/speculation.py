@@ -111,6 +111,11 @@ def sglang_adaptive_config(schedule: Schedule, min_steps: int = SGLANG_MIN_STEPS
 def sglang_args(argv: list[str], arm: dict[str, Any]) -> list[str]:
     """The arm's SGLang arguments with its draft length (steps, topk 1) or its schedule (adaptive) written in."""
     draft_length, schedule = arm.get("draft_length"), arm.get("schedule")
+    if schedule and max_k(schedule) == 0:
+        raise ValueError(
+            "SGLang policy arm: the schedule drafts at no load; it is served by the baseline's command "
+            "(config.cell_spec), not by --speculative-num-steps 0"
+        )
     if schedule:
         top = max(max_k(schedule), SGLANG_MIN_STEPS)
         argv = _sglang_steps(argv, top)
@@ -121,6 +126,20 @@ def sglang_args(argv: list[str], arm: dict[str, Any]) -> list[str]:
     if draft_length is not None:
         return _sglang_steps(argv, int(draft_length))
     return argv
+
+
+def without_speculation(argv: list[str]) -> list[str]:
+    """SGLang flags without any `--speculative-*` flag and its value (plain decoding)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip and not a.startswith("--"):
+            skip = False
+            continue
+        skip = a.startswith("--speculative-") and "=" not in a
+        if not a.startswith("--speculative-"):
+            out.append(a)
+    return out
 
 
 def _sglang_steps(argv: list[str], steps: int) -> list[str]:
@@ -159,6 +178,11 @@ def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: 
             "speculative_config": cfg,
             "cli": "--speculative-config " + shlex.quote(compact_json(cfg)),
             "note": "vLLM switches K each step by the number of running requests; K=0 turns drafting off",
+        }
+    if engine == "sglang" and max_k(schedule) == 0:
+        return {
+            "server_args": without_speculation(argv),
+            "note": "no drafting at any load: serve plain decoding, the baseline's command (what the sweep measured)",
         }
     if engine == "sglang":
         cfg, unreachable = sglang_adaptive_config(schedule)

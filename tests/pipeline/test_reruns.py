@@ -192,6 +192,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     cfg["gates"] = {"max_client_cpu_share": 0.001}  # every client used more CPU than that: every cell fails
     cfg["analysis"]["bootstrap_samples"] = 200
     cfg["variants"]["a"]["startup_timeout_s"] = 60
+    cfg["cell_attempts"] = 2  # how often a cell is measured: not part of a cell either
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
         "crossover_variant": {"a", "b"},
@@ -202,7 +203,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     before = {p: p.stat().st_mtime_ns for p in cells}
     servers_log = finished / "results" / "rr" / ".servers" / "servers.log"
     starts_before = servers_log.read_text().count(" start ")
-    smk(finished, "crossover")
+    text = smk(finished, "crossover")
     assert {p: p.stat().st_mtime_ns for p in cells} == before  # nothing re-measured
     assert servers_log.read_text().count(" start ") == starts_before  # no server started
     out = json.loads((finished / "results" / "rr" / "a" / "crossover.json").read_text())
@@ -210,3 +211,30 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     assert out["bootstrap"]["replicates"] == 200
     assert ar["levels"] == [] and all("client saturated" in c["reasons"][0] for c in ar["invalid_cells"])
     assert ar["verdict"]["kind"] == "inconclusive"
+    # the run ends naming the cells its gates call invalid and the one command that re-measures exactly those
+    summaries = sorted(str(p.relative_to(finished)) for p in finished.glob("results/rr/*/*/c*/summary.json"))
+    assert f"{len(summaries)} cell(s) still invalid by this experiment's gates:" in text
+    command = next(line.strip() for line in text.splitlines() if line.strip().startswith("snakemake --cores 1"))
+    assert command == "snakemake --cores 1 crossover --configfile config.yaml --forcerun " + " ".join(summaries)
+    remeasure(finished, command, summaries, starts_before)
+
+
+def remeasure(workdir: Path, command: str, summaries: list[str], starts_before: int) -> None:
+    """Run the printed command: the named cells are measured again, each twice (client saturated is transient;
+    cell_attempts 2), the first attempt kept beside the cell and the summary saying which attempt counts."""
+    argv = command.split()
+    assert argv[0] == "snakemake"
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), *argv[1:]]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (workdir / "results" / "rr" / ".servers" / "servers.log").read_text()
+    assert log.count(" start ") > starts_before  # measured again, on servers of its own
+    for rel in summaries:
+        s = json.loads((workdir / rel).read_text())
+        a = s["attempts"]
+        assert (a["counted"], a["made"]) == (2, 2), a
+        assert a["why"] == "still invalid for a transient cause after the last attempt allowed"
+        assert a["log"][0]["kept_at"] == "attempts/1" and "client saturated" in a["log"][0]["reasons"][0]
+        kept = workdir / Path(rel).parent / "attempts" / "1"
+        assert (kept / "summary.json").is_file() and (kept / "requests.parquet").is_file()
+    assert "still invalid by this experiment's gates" in proc.stdout + proc.stderr  # and says so again

@@ -12,12 +12,13 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from specsweep import servers
+from specsweep import heal, servers
 from specsweep.client.arrivals import (
     ArrivalPlan,
     TraceError,
@@ -338,41 +339,68 @@ def run_cell(
     render = chat_render(spec["workload"], make_spec(0).client_backend, tokenizer_path)
     log_path = server_log_dir / f"{spec['variant_name']}.{arm_name}.log"
     t_ask = time.monotonic()
+    gates, attempts = heal.judge_settings()
+    attempts_dir = Path(out_dir) / "attempts"
+    shutil.rmtree(attempts_dir, ignore_errors=True)  # a new measurement of the cell replaces the old one's
     with servers.acquire(state_dir, make_spec, host, variant.get("port"), label, log_path) as rec:
         server_ready_s = time.monotonic() - t_ask
         server = make_spec(rec.port)
-        with pinned(plan.client):
-            records, summary = asyncio.run(
-                measure(
-                    spec, server, rec.base_url, engine, api_key, tokenizer_path, plan, rec.server_pid, dataset, render
+
+        def measure_once(n: int) -> tuple[Any, dict[str, Any]]:
+            with pinned(plan.client):
+                records, summary = asyncio.run(
+                    measure(
+                        spec,
+                        server,
+                        rec.base_url,
+                        engine,
+                        api_key,
+                        tokenizer_path,
+                        plan,
+                        rec.server_pid,
+                        dataset,
+                        render,
+                    )
                 )
+            summary.update(
+                {
+                    "cell": cell_identity(
+                        spec["experiment"],
+                        spec["variant_name"],
+                        arm_name,
+                        spec["concurrency"],
+                        arm["speculative"],
+                        spec.get("load", {}).get("mode", "closed"),
+                        spec.get("level"),
+                    ),
+                    "source": server.source,
+                    "engine": server.engine,
+                    "client_backend": server.client_backend,
+                    "server": {
+                        **server.public_dict(),
+                        "info": summary.pop("server_info"),
+                        "pid": rec.server_pid,
+                        "started_at": rec.started_at,
+                        "ready_after_s": server_ready_s,
+                        "node": rec.node,
+                        "slurm_job": os.environ.get("SLURM_JOB_ID"),  # None outside a cluster job
+                    },
+                    "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
+                }
             )
-    summary.update(
-        {
-            "cell": cell_identity(
-                spec["experiment"],
-                spec["variant_name"],
-                arm_name,
-                spec["concurrency"],
-                arm["speculative"],
-                spec.get("load", {}).get("mode", "closed"),
-                spec.get("level"),
-            ),
-            "source": server.source,
-            "engine": server.engine,
-            "client_backend": server.client_backend,
-            "server": {
-                **server.public_dict(),
-                "info": summary.pop("server_info"),
-                "pid": rec.server_pid,
-                "started_at": rec.started_at,
-                "ready_after_s": server_ready_s,
-                "node": rec.node,
-                "slurm_job": os.environ.get("SLURM_JOB_ID"),  # None outside a cluster job
-            },
-            "stack": {"fingerprint": str(env_json), "recipe": env_fp.get("recipe")},
-        }
-    )
+            return records, summary
+
+        def keep(n: int, result: tuple[Any, dict[str, Any]]) -> str:
+            write_cell(attempts_dir / str(n), *result)
+            return f"attempts/{n}"
+
+        def judge(result: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
+            return judged(result[1], result[0], gates or defaults("gates"))["validity"]
+
+        done = heal.measure_until_valid(measure_once, judge, attempts, keep)
+    records, summary = done.result
+    if len(done.log) > 1:  # measured more than once: which attempt counts and why the others did not
+        summary["attempts"] = done.as_dict()
     write_cell(out_dir, records, summary)
     return records, summary
 

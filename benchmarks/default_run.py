@@ -59,11 +59,15 @@ def write_readme_sample(block: str, stamp: str, readme: Path = README) -> None:
     tmp.replace(readme)
 
 
-def stamp_line(summaries: list[dict], wall: float | None) -> str:
-    """Where the sample came from: commit, date, and what the run measured."""
+def revision() -> str:
+    """The checkout's commit, '+changes' when tracked files differ from it (taken before the run starts)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
-    rev = (commit.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+    return (commit.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+
+
+def stamp_line(summaries: list[dict], wall: float | None, rev: str) -> str:
+    """Where the sample came from: commit, date, and what the run measured."""
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
     took = f"wall {wall:.0f} s, " if wall is not None else ""
     return (
@@ -72,7 +76,7 @@ def stamp_line(summaries: list[dict], wall: float | None) -> str:
     )
 
 
-def report(work: Path, exp: str, wall: float | None, stdout: str, readme: bool = False) -> int:
+def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | None = None) -> int:
     """Where a finished run's time went, from its `benchmark:` files and cells; `wall` None: not timed here (the
     split of the parts is still measured; Snakemake's own share cannot be known)."""
     res = work / "results" / exp
@@ -108,11 +112,11 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, readme: bool =
     print(f"  valid cells: {valid}/{len(summaries)}")
     if stdout:
         print(stdout[stdout.find("=" * 20) :])
-    if readme:
+    if rev is not None:  # --readme
         if valid < len(summaries):
             print("README not updated: a sample with invalid cells is not the one to show", file=sys.stderr)
             return 1
-        write_readme_sample(final_block(stdout, work), stamp_line(summaries, wall))
+        write_readme_sample(final_block(stdout, work), stamp_line(summaries, wall, rev))
         print(f"README sample written ({README})")
     return 0
 
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         exp = yaml.safe_load((args.results / "config.yaml").read_text())["experiment"]
         return report(args.results, exp, None, "")
+    rev = revision() if args.readme else None
     work = Path(tempfile.mkdtemp(prefix="specsweep-default-run-"))
     shutil.copy(args.config, work / "config.yaml")
     cmd = [
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         return 1
-    rc = report(work, exp, wall, proc.stdout, readme=args.readme)
+    rc = report(work, exp, wall, proc.stdout, rev)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return rc

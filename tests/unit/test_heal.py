@@ -10,6 +10,8 @@ import pytest
 from specsweep.final import remeasure_command
 from specsweep.heal import JUDGE_ENV, is_transient, judge_env, judge_settings, measure_until_valid, transient_only
 
+pytestmark = pytest.mark.unit
+
 BUSY = "machine busy: other processes used 18% (±1%: clock ticks) of the measurement's CPUs > 10% (...)"
 SHORT = "3 request(s) produced fewer output tokens than asked"
 

@@ -1,12 +1,14 @@
 """The DAG reruns exactly what a change affects: too much wastes GPU hours, too little leaves stale numbers.
 
 A small experiment on two simulated variants is run for real once (Snakemake records each job's params and
-inputs), then each edit is checked with a dry run. A real engine's stack cannot run here, so the recipe edit
+inputs; it also carries the two-variant comparison, which had a DAG run of its own), then each edit is checked
+with a dry run. A real engine's stack cannot run here, so the recipe edit
 is checked on placeholder outputs (`snakemake --touch`): a recipe is a file input, judged by its time.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -16,13 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, SNAKEMAKE
+from specsweep.config import defaults
+from specsweep.summary import read_judged
+from tests.conftest import REPO, SNAKEMAKE, sim_server_processes
 
 pytestmark = pytest.mark.pipeline
 
 SIM = {
     "experiment": "rr",
-    "concurrency": [1, 2],
+    "concurrency": [1, 4],
     "workload": {
         "input_tokens": 8,
         "output_tokens": 8,
@@ -38,7 +42,8 @@ SIM = {
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {
         "a": {"engine": "sim", "profile": "demo", "arm_server_args": {"eagle3": ["--seed", "1"]}},
-        "b": {"engine": "sim", "profile": "demo"},
+        # a stack whose server runs at most 2 requests at once: slower at C=4, and flagged as capped there
+        "b": {"engine": "sim", "profile": "demo", "sim_args": ["--max-running-requests", "2"]},
     },
 }
 STACK = {
@@ -89,12 +94,31 @@ def write(workdir: Path, cfg: dict) -> None:
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The two-variant experiment, measured for real once (about a minute)."""
+    """The two-variant experiment through the `all` target (crossovers and the variants compared), measured for
+    real once (about a minute); its output is kept in run.log."""
     workdir = tmp_path_factory.mktemp("reruns")
     write(workdir, SIM)
-    smk(workdir, "crossover")
+    (workdir / "run.log").write_text(smk(workdir, "all"))
     assert planned(workdir) == set()
+    assert not sim_server_processes(workdir)
     return workdir
+
+
+def test_two_variants_compared(sim_run: Path) -> None:
+    """Each variant's crossover, and the variants compared arm by arm (the capped stack slower where it caps)."""
+    res = sim_run / "results" / "rr"
+    for v in ("a", "b"):
+        assert json.loads((res / v / "crossover.json").read_text())["variant"] == v
+    rows = list(csv.DictReader((res / "comparison" / "comparison_table.csv").open()))
+    assert {(r["arm"], float(r["concurrency"])) for r in rows} == {
+        (a, c) for a in ("baseline", "eagle3") for c in (1.0, 4.0)
+    }
+    at4 = {r["arm"]: float(r["tok_s_ratio"]) for r in rows if float(r["concurrency"]) == 4.0}
+    assert all(ratio < 0.9 for ratio in at4.values()), at4  # the capped stack is slower at C=4
+    summary = read_judged(res / "b" / "baseline" / "c4", defaults("gates"))[0]
+    assert any("running-request cap 2" in f for f in summary["validity"]["flags"])
+    assert (res / "comparison" / "comparison_throughput.png").stat().st_size > 0
+    assert "variants compared arm by arm" in (sim_run / "run.log").read_text()
 
 
 @pytest.fixture
@@ -174,7 +198,7 @@ def test_changing_one_arms_server_flag_reruns_that_arms_cells(finished: Path) ->
     write(finished, cfg)
     jobs = planned(finished)
     cells = sorted(out for rule, out in jobs if rule == "cell")
-    assert cells == [f"results/rr/a/eagle3/c{c}/requests.parquet" for c in (1, 2)], jobs
+    assert cells == [f"results/rr/a/eagle3/c{c}/requests.parquet" for c in (1, 4)], jobs
     assert variants_of(jobs) == {
         "cell": {"a"},
         "crossover_variant": {"a"},

@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['server_cpu']:10.0%} {r['foreign']:6.2f}  {verdict}",
             flush=True,
         )
+        if args.smoke:  # a second on a shared host proves it runs, not what the client sustains
+            print("smoke: one step measured (figures not judged)")
+            return 0
         if r["ok"]:
             best, i, retried = r, i + 1, False
         elif r["limit"].startswith("machine") and not retried:

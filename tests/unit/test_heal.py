@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from specsweep.final import remeasure_command
-from specsweep.heal import JUDGE_ENV, is_transient, judge_env, judge_settings, measure_until_valid, transient_only
+from specsweep.heal import (
+    JUDGE_ENV,
+    is_transient,
+    judge_env,
+    judge_settings,
+    measure_until_valid,
+    transient_only,
+    wait_for_quiet,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -82,3 +90,25 @@ def test_remeasure_command_names_each_cell_and_the_configfile() -> None:
         "snakemake --cores 1 crossover --configfile 'my config.yaml' --forcerun "
         "results/demo/sim/eagle3/c1/summary.json results/demo/sim/baseline/c70/summary.json"
     )
+
+
+def test_a_retry_waits_first_and_the_wait_is_logged() -> None:
+    waits: list[int] = []
+
+    def quiet(n: int) -> dict:
+        waits.append(n)
+        return {"waited_s": 2.0, "busy_share": 0.03, "quiet": True}
+
+    verdicts = [[BUSY], []]
+    done = measure_until_valid(
+        lambda n: n, lambda n: {"valid": not verdicts[n - 1], "reasons": verdicts[n - 1]}, 3, None, quiet
+    )
+    assert waits == [2] and done.counted == 2  # no wait before the first attempt
+    assert "before" not in done.log[0] and done.log[1]["before"]["quiet"] is True
+
+
+def test_wait_for_quiet_returns_what_it_saw() -> None:
+    seen = wait_for_quiet(None, max_share=1.0, timeout_s=5.0, window_s=0.1)  # any machine is under 100% busy
+    assert seen["quiet"] and 0.0 <= seen["busy_share"] <= 1.0 and seen["waited_s"] < 1.0
+    seen = wait_for_quiet((0,), max_share=-1.0, timeout_s=0.2, window_s=0.1)  # never quiet enough: gives up
+    assert not seen["quiet"] and seen["waited_s"] >= 0.2

@@ -397,7 +397,10 @@ def run_cell(
         def judge(result: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
             return judged(result[1], result[0], gates or defaults("gates"))["validity"]
 
-        done = heal.measure_until_valid(measure_once, judge, attempts, keep)
+        def quiet(n: int) -> dict[str, Any]:
+            return heal.wait_for_quiet(plan.watched, (gates or defaults("gates"))["max_foreign_cpu_share"])
+
+        done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet)
     records, summary = done.result
     if len(done.log) > 1:  # measured more than once: which attempt counts and why the others did not
         summary["attempts"] = done.as_dict()

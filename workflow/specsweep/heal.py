@@ -70,18 +70,24 @@ def measure_until_valid(
     judge: Callable[[T], Mapping[str, Any]],
     attempts: int,
     keep: Callable[[int, T], str | None] | None = None,
+    before_retry: Callable[[int], dict[str, Any]] | None = None,
 ) -> Attempts[T]:
     """Measure (`measure_once(n)`, n = 1, 2, ...) until `judge` (a validity: {valid, reasons}) says valid, a
     reason is not transient, or `attempts` are made. `keep(n, result)` stores a superseded attempt before the
-    next starts (nothing measured is lost) and returns where. The last attempt counts (the caller writes it as
-    the cell): the valid one, or the one after which measuring again could not help."""
+    next starts (nothing measured is lost) and returns where; `before_retry(n)` runs before attempt n > 1 (e.g.
+    `wait_for_quiet`: a busy spell lasts longer than a cell, so measuring again at once would meet it again) and
+    what it returns is logged with that attempt. The last attempt counts (the caller writes it as the cell): the
+    valid one, or the one after which measuring again could not help."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts} (config: cell_attempts)")
     log: list[dict[str, Any]] = []
     for n in range(1, attempts + 1):
+        waited = before_retry(n) if before_retry is not None and n > 1 else None
         result = measure_once(n)
         v = judge(result)
         entry: dict[str, Any] = {"attempt": n, "valid": bool(v["valid"]), "reasons": list(v["reasons"])}
+        if waited is not None:
+            entry["before"] = waited
         log.append(entry)
         if v["valid"] or not transient_only(entry["reasons"]) or n == attempts:
             entry["counts"] = True
@@ -90,6 +96,26 @@ def measure_until_valid(
         if keep is not None:  # superseded: stored before the next attempt starts
             entry["kept_at"] = keep(n, result)
     raise AssertionError("unreachable: the loop returns at its last attempt")
+
+
+def wait_for_quiet(
+    cpus: tuple[int, ...] | None, max_share: float, timeout_s: float = 30.0, window_s: float = 1.0
+) -> dict[str, Any]:
+    """Wait until the CPUs a cell measures on are idle (busy share at most `max_share` over a `window_s` window:
+    between attempts the server and client do nothing, so what is busy there is other work), or `timeout_s`.
+    Returns what it saw: {waited_s, busy_share (the last window), quiet}."""
+    import time
+
+    import psutil
+
+    start = time.monotonic()
+    while True:
+        per = psutil.cpu_times_percent(interval=window_s, percpu=True)
+        chosen = [per[c] for c in cpus if c < len(per)] if cpus else per
+        busy = sum(100.0 - t.idle - getattr(t, "iowait", 0.0) for t in chosen) / (100.0 * max(1, len(chosen)))
+        waited = time.monotonic() - start
+        if busy <= max_share or waited >= timeout_s:
+            return {"waited_s": round(waited, 1), "busy_share": round(busy, 3), "quiet": busy <= max_share}
 
 
 def judge_settings(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any] | None, int]:

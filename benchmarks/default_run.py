@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +48,21 @@ def final_block(stdout: str, work: Path) -> str:
     return text.replace(str(work.resolve()), "/path/to").replace(str(work), "/path/to")
 
 
+def finished_text(work: Path) -> str:
+    """What the workflow prints when it ends, for a finished run's folder (e.g. after re-measuring its invalid
+    cells with the printed command): the same `specsweep.final.final_text`, read in that folder."""
+    from specsweep.config import validate
+    from specsweep.final import final_text
+
+    config = validate(yaml.safe_load((work / "config.yaml").read_text()))
+    here = os.getcwd()
+    os.chdir(work)  # the config's results_dir is relative to the run's folder
+    try:
+        return final_text(config, [str(work / "config.yaml")])
+    finally:
+        os.chdir(here)
+
+
 def write_readme_sample(block: str, stamp: str, readme: Path = README) -> None:
     """Replace the README's sample between its markers (the stamp line, then the block), atomically."""
     text = readme.read_text()
@@ -69,7 +85,7 @@ def revision() -> str:
 def stamp_line(summaries: list[dict], wall: float | None, rev: str) -> str:
     """Where the sample came from: commit, date, and what the run measured."""
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
-    took = f"wall {wall:.0f} s, " if wall is not None else ""
+    took = f"wall {wall:.0f} s, " if wall is not None else "wall not timed here (a finished run), "
     return (
         f"Sample from commit {rev}, {datetime.date.today().isoformat()}: {took}{len(summaries)} cells, {valid} valid, "
         f"{sum(s['measured_s'] for s in summaries):.0f} s measuring (`python benchmarks/default_run.py --readme`)."
@@ -134,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     exp = yaml.safe_load(args.config.read_text())["experiment"]
     if args.results:
         exp = yaml.safe_load((args.results / "config.yaml").read_text())["experiment"]
-        return report(args.results, exp, None, "")
+        stdout = finished_text(args.results) if args.readme else ""
+        return report(args.results, exp, None, stdout, revision() if args.readme else None)
     rev = revision() if args.readme else None
     work = Path(tempfile.mkdtemp(prefix="specsweep-default-run-"))
     shutil.copy(args.config, work / "config.yaml")

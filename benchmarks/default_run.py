@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         return 1
     rc = report(work, exp, wall, proc.stdout, rev)
-    if not args.keep:
+    if rc != 0:  # cells to re-measure (the command above) or a README not written: the run is worth keeping
+        print(f"kept {work}: re-measure there, then --results {work} --readme", file=sys.stderr)
+    elif not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return rc
 

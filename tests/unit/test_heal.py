@@ -105,6 +105,13 @@ def test_a_retry_waits_first_and_the_wait_is_logged() -> None:
     )
     assert waits == [2] and done.counted == 2  # no wait before the first attempt
     assert "before" not in done.log[0] and done.log[1]["before"]["quiet"] is True
+    saturated = ["client saturated: its own work used 95% of its CPU > 80% (...)"]
+    verdicts = [saturated, []]
+    waits.clear()
+    measure_until_valid(
+        lambda n: n, lambda n: {"valid": not verdicts[n - 1], "reasons": verdicts[n - 1]}, 3, None, quiet
+    )
+    assert waits == []  # the client's own load: waiting for quiet CPUs would not help
 
 
 def test_wait_for_quiet_returns_what_it_saw() -> None:

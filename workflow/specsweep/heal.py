@@ -31,6 +31,9 @@ TRANSIENT_PREFIXES = (
     "client event-loop lag",
     "client sent late:",
 )
+# ...and those other work causes, which a wait for quiet CPUs can outlast (a saturated client or a lagging loop is
+# the client's own load: measuring again may pass, waiting does not help).
+OTHER_WORK_PREFIXES = ("machine busy:", "client starved:")
 _REPEAT = re.compile(r"^repeat \d+: ")
 JUDGE_ENV = "SPECSWEEP_CELL_JUDGE"  # {"gates": ..., "attempts": N}: set by the Snakefile for the cell jobs
 
@@ -74,7 +77,8 @@ def measure_until_valid(
 ) -> Attempts[T]:
     """Measure (`measure_once(n)`, n = 1, 2, ...) until `judge` (a validity: {valid, reasons}) says valid, a
     reason is not transient, or `attempts` are made. `keep(n, result)` stores a superseded attempt before the
-    next starts (nothing measured is lost) and returns where; `before_retry(n)` runs before attempt n > 1 (e.g.
+    next starts (nothing measured is lost) and returns where; `before_retry(n)` runs before attempt n > 1 when
+    other work made the last one invalid (e.g.
     `wait_for_quiet`: a busy spell lasts longer than a cell, so measuring again at once would meet it again) and
     what it returns is logged with that attempt. The last attempt counts (the caller writes it as the cell): the
     valid one, or the one after which measuring again could not help."""
@@ -82,7 +86,8 @@ def measure_until_valid(
         raise ValueError(f"attempts must be at least 1, got {attempts} (config: cell_attempts)")
     log: list[dict[str, Any]] = []
     for n in range(1, attempts + 1):
-        waited = before_retry(n) if before_retry is not None and n > 1 else None
+        other_work = n > 1 and any(_REPEAT.sub("", r).startswith(OTHER_WORK_PREFIXES) for r in log[-1]["reasons"])
+        waited = before_retry(n) if before_retry is not None and other_work else None
         result = measure_once(n)
         v = judge(result)
         entry: dict[str, Any] = {"attempt": n, "valid": bool(v["valid"]), "reasons": list(v["reasons"])}

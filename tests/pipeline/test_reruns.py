@@ -239,7 +239,8 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     summaries = sorted(str(p.relative_to(finished)) for p in finished.glob("results/rr/*/*/c*/summary.json"))
     assert f"{len(summaries)} cell(s) still invalid by this experiment's gates:" in text
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("snakemake --cores 1"))
-    assert command == "snakemake --cores 1 crossover --configfile config.yaml --forcerun " + " ".join(summaries)
+    configfile = finished / "config.yaml"  # as Snakemake holds it: absolute
+    assert command == f"snakemake --cores 1 crossover --configfile {configfile} --forcerun " + " ".join(summaries)
     remeasure(finished, command, summaries, starts_before)
 
 

@@ -5,6 +5,7 @@ snakemake --cores 1 crossover --configfile config/examples/kimi-k25-8gpu.yaml
 snakemake --cores 1 crossover --forcerun results/demo/sim/eagle3/c10/summary.json   # redo one cell
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,14 +24,18 @@ _PKG_ROOT = str(Path(workflow.basedir) / "workflow")
 sys.path.insert(0, _PKG_ROOT)
 
 from specsweep import config as ssconfig
-from specsweep.jobenv import prepare, share_gates
+from specsweep.heal import JUDGE_ENV, judge_env
+from specsweep.jobenv import prepare
 
 prepare(_PKG_ROOT)
 
 _validated = ssconfig.validate(config)
 config.clear()
 config.update(_validated)
-share_gates(config["gates"])
+
+# The cell jobs judge their own attempts by the experiment's gates (specsweep.heal): given through the environment,
+# not a rule param, so that a gate change re-judges stored cells without re-measuring them.
+os.environ[JUDGE_ENV] = judge_env(config)
 
 
 report: "workflow/report/workflow.rst"
@@ -84,7 +89,7 @@ onsuccess:
     from specsweep.servers import stop_all
 
     stop_all(STATE_DIR, reason="workflow finished")
-    print_final(config)
+    print_final(config, [str(f) for f in workflow.overwrite_configfiles or []])
 
 
 onerror:

@@ -6,7 +6,7 @@ chat-jsonl dataset of templated, self-repeating code-like text. `--runs N` repea
 servers, same seeds) and prints, per content and level, the ngram arm's accept length (vLLM's counters) and the
 speedup, and each run's crossover, so the spread between runs is visible.
 
-    .venv/bin/python benchmarks/content_acceptance.py [--runs 2] [--out /tmp/content]
+    .venv/bin/python benchmarks/content_acceptance.py [--runs 2] [--out /tmp/content] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,13 +29,21 @@ def accept(variant_dir: Path, c: int) -> float:
     return float(s["metrics"]["accept_length"])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="build and validate both configs and the dataset; no run")
+    args = ap.parse_args(argv)
     root = args.out or Path(tempfile.mkdtemp(prefix="content-"))
     data = templated_dataset(root / "templated.jsonl")
+    if args.smoke:  # the real engine takes minutes: check that what a run is given is still accepted
+        from specsweep.config import validate
+
+        for name in ("words", "templated"):
+            cfg = validate(config_for(name, data if name == "templated" else None))
+            print(f"smoke: {name} config valid ({cfg['experiment']}, levels {cfg['concurrency']})")
+        return 0
     figures: dict[str, list[dict]] = {"words": [], "templated": []}
     for r in range(args.runs):
         for name in figures:

@@ -6,7 +6,7 @@ p50 are compared with the closed sweep's at the batch the open level ran with (i
 request ran; log-log interpolation between the closed levels), beside its plain in-flight mean and Little's
 law. Repeated `--runs` times, with fresh servers; prints each figure's spread.
 
-    .venv/bin/python benchmarks/open_closed_consistency.py [--runs 3] [--rates 5,20,40] [--grid 1,2,4,8,16,32]
+    .venv/bin/python benchmarks/open_closed_consistency.py [--runs 3] [--rates 5,20,40] [--grid 1,2,4,8,16,32] [--smoke]
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ async def closed(url: str, c: int, seed: int) -> dict:
     return measure_summary(lvl.records, c)["metrics"]
 
 
-async def opened(url: str, rate: float, seed: int) -> dict:
-    n = max(8, int(rate * DURATION_S))
+async def opened(url: str, rate: float, seed: int, duration_s: float = DURATION_S) -> dict:
+    n = max(8, int(rate * duration_s))
     prompts = await level_prompts(rate, n, 1, 8, INPUT, seed=seed, url=url)
     plans = [ArrivalPlan(gamma_times(rate, n, seed))]
     warm = ArrivalPlan(gamma_times(rate, 8, seed + 1))
@@ -97,14 +97,16 @@ def interp(x: float, xs: list[float], ys: list[float]) -> float:
     return float(np.exp(np.interp(np.log(x), np.log(xs), np.log(ys))))
 
 
-async def one_run(speculative: bool, grid: list[int], rates: list[float], seed: int) -> list[dict]:
+async def one_run(
+    speculative: bool, grid: list[int], rates: list[float], seed: int, duration_s: float = DURATION_S
+) -> list[dict]:
     with sim_server(speculative) as url:
         await ready(url)
         cl = [await closed(url, c, seed) for c in grid]
         xs = [m["running_requests"]["busy_mean"] for m in cl]
         rows = []
         for rate in rates:
-            m = await opened(url, rate, seed)
+            m = await opened(url, rate, seed, duration_s)
             run = m["running_requests"]["busy_mean"]  # the batch the engine stepped with
             row = {"rate": rate, "running": run, "mean": m["running_requests"]["mean"]}
             row["littles"] = m["running_requests"]["littles_law"]
@@ -122,18 +124,22 @@ def spread(values: list[float | None]) -> str:
     return f"{np.median(v):.3g} [{min(v):.3g}, {max(v):.3g}]"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rates", default="5,20,40")
     ap.add_argument("--grid", default="1,2,4,8,16,32")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="one run, two closed levels, one rate: seconds")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.runs, args.rates, args.grid = 1, "20", "2,8"
+    duration = 1.0 if args.smoke else DURATION_S
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {1})  # the client on CPU 1, the server on CPU 0
     grid = [int(x) for x in args.grid.split(",")]
     rates = [float(x) for x in args.rates.split(",")]
     for speculative in (False, True):
-        runs = [asyncio.run(one_run(speculative, grid, rates, seed=10 + r)) for r in range(args.runs)]
+        runs = [asyncio.run(one_run(speculative, grid, rates, 10 + r, duration)) for r in range(args.runs)]
         print(f"\narm {'eagle3 (speculative)' if speculative else 'baseline'}: {args.runs} runs, median [min, max]")
         head = ("req/s", "batch (busy mean)", "in-flight mean", "Little", "TPOT p50 ms open / closed@batch",
                 "E2E p50 ms open / closed@batch", "TPOT open/closed")  # fmt: skip

@@ -127,14 +127,17 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--envs-dir", type=Path, default=REPO / "results" / "_envs")
     parser.add_argument("--keep", action="store_true", help="keep each run's whole folder")
     parser.add_argument("--results", type=Path, nargs="+", help="finished results/<experiment> folders instead")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="with --results: the test suite's check that it runs")
+    args = parser.parse_args(argv)
+    if args.smoke and not args.results:
+        parser.error("--smoke reads finished runs: give --results DIR (the test suite passes its tiny run)")
     folders: list[tuple[Path, float | None]] = [(p, None) for p in args.results or []]
     if not folders:
         for i in range(args.runs):

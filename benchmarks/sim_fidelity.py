@@ -25,10 +25,11 @@ SINGLE_STREAM = [  # (seed stack, arm, profile)
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="the test suite's check (the whole run takes seconds)")
+    args = ap.parse_args(argv)
     rows = list(csv.DictReader(seed_csv_path().open()))
     p = load_profile("kimi-k25-cu130-fusion")
     w = workload_of(p)

@@ -5,7 +5,7 @@ closed-loop client (specsweep.sim.loadcheck) and compares the steady-window aggr
 virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1. Both sides use
 the pipeline's staggered slots (C ramp requests, then the measured ones; `--no-stagger` for none) and the
 metrics module's steady window.
-Run: .venv/bin/python benchmarks/sim_timing.py [--profile demo] [--speculative] [--levels 1,10,70,250]
+Run: .venv/bin/python benchmarks/sim_timing.py [--profile demo] [--speculative] [--levels 1,10,70,250] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ async def resets(url: str) -> int:
         return int((await r.json())["sim_loop"]["schedule_resets"])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--speculative", action="store_true")
@@ -36,10 +36,13 @@ def main() -> int:
     ap.add_argument("--requests-per-concurrency", type=float, default=WORKLOAD_DEFAULTS["requests_per_concurrency"])
     ap.add_argument("--requests-floor", type=int, default=WORKLOAD_DEFAULTS["requests_floor"])
     ap.add_argument("--stagger", action=argparse.BooleanOptionalAction, default=WORKLOAD_DEFAULTS["stagger"])
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="two small levels, few requests: seconds")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.levels, args.requests_per_concurrency, args.requests_floor, args.output_tokens = "1,4", 1, 4, 16
     profile = load_profile(args.profile)
     levels = [int(x) for x in args.levels.split(",")]
-    argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
+    server_argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
     print(
         f"profile={profile.name} speculative={args.speculative} in={args.input_tokens} out={args.output_tokens} "
         f"stagger={args.stagger}"
@@ -49,7 +52,7 @@ def main() -> int:
         f"{'C':>5} {'N':>5} {'model tok/s':>12} {'achieved':>10} {'total':>7} {'steady':>7} {'E2E':>7} "
         f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6}"
     )
-    with sim_server(*argv) as url:
+    with sim_server(*server_argv) as url:
         asyncio.run(closed_loop(url, 1, 2, args.input_tokens, args.output_tokens, stagger=False))  # warm-up
         sent = 2  # the server numbers requests; ids seed acceptance draws, so the model replays the same ids
         for c in levels:

@@ -14,6 +14,7 @@ searched over base /30 .. x30).
 
     python benchmarks/sim_validation.py --measured /tmp/run1/.../cpu-tiny /tmp/run2/.../cpu-tiny
     python benchmarks/sim_validation.py --seed
+    python benchmarks/sim_validation.py --smoke     # seconds: the test suite's check that it runs
 """
 
 from __future__ import annotations
@@ -94,14 +95,16 @@ def predict_points(profile: Profile, uncertainty: dict, held: list[Target]) -> l
     return out
 
 
-def validate(source: str, base: Profile, targets: list[Target], cross_arm: bool) -> list[Row]:
+def validate(source: str, base: Profile, targets: list[Target], cross_arm: bool, smoke: bool = False) -> list[Row]:
+    """Held-out rows; `smoke`: one held-out level, two parameters on a 3-point grid (runs, means nothing)."""
     rows = []
     closed = [t for t in targets if t.mode == "closed_loop"]
-    levels = sorted({t.concurrency for t in closed})
+    levels = sorted({t.concurrency for t in closed})[: 1 if smoke else None]
+    fit = {"params": ["step.fixed_s", "step.per_seq_s"], "grid": 3} if smoke else {}
     for level in levels:
         train = [t for t in targets if not (t.mode == "closed_loop" and t.concurrency == level)]
         held = [t for t in closed if t.concurrency == level]
-        ident = identify(base, train)
+        ident = identify(base, train, **fit)
         for t, (p, lo, hi) in zip(held, predict_points(ident.profile, ident.as_dict(), held), strict=True):
             arm = "spec" if t.speculative else "baseline"
             rows.append(Row(source, "leave-level-out", arm, level, t.tok_s, p, lo, hi))
@@ -109,7 +112,7 @@ def validate(source: str, base: Profile, targets: list[Target], cross_arm: bool)
         for train_spec in (False, True):
             train = [t for t in closed if t.speculative == train_spec]
             held = [t for t in closed if t.speculative != train_spec]
-            ident = identify(base, train)
+            ident = identify(base, train, **fit)
             for t, (p, lo, hi) in zip(held, predict_points(ident.profile, ident.as_dict(), held), strict=True):
                 mode = "spec->baseline" if train_spec else "baseline->spec"
                 rows.append(
@@ -139,12 +142,14 @@ def report(rows: list[Row]) -> None:
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", nargs="*", type=Path, default=[], help="vLLM CPU runs' variant directories")
     parser.add_argument("--spec-arm", default="ngram-k3", help="the speculative arm to pair with the baseline")
     parser.add_argument("--seed", action="store_true", help="also: the seed table's EAGLE-3 sweep, leave one out")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="--seed on one level, a coarse fit: seconds")
+    args = parser.parse_args(argv)
+    args.seed = args.seed or args.smoke
     t0 = time.monotonic()
     rows: list[Row] = []
     cpu_base = profile_from_dict(CPU_BASE)
@@ -153,11 +158,11 @@ def main() -> int:
         if not targets:
             print(f"{run}: no valid cells of baseline / {args.spec_arm}", file=sys.stderr)
             continue
-        rows += validate(f"vllm-run{i + 1}", cpu_base, targets, cross_arm=True)
+        rows += validate(f"vllm-run{i + 1}", cpu_base, targets, cross_arm=True, smoke=args.smoke)
     if args.seed:
         base = load_profile("kimi-k25-cu130-fusion")
         targets = load_targets(seed_csv_path(), "eagle3", workload_of(base), stack="cuda13-fusion")
-        rows += validate("seed-fusion", base, targets, cross_arm=False)
+        rows += validate("seed-fusion", base, targets, cross_arm=False, smoke=args.smoke)
     if not rows:
         parser.error("nothing to validate: give --measured DIR ... and/or --seed")
     report(rows)

@@ -10,7 +10,7 @@ default config's setting), `coarse` (a coarser, shorter grid: 1, 3, 10, 30, 100,
 where the config has more, then the same refinement).
 Width: hi - lo of the crossover interval (absolute, in C) and hi/lo; open intervals have no width.
 
-    python benchmarks/time_to_answer.py --seeds 5 --real-runs 2
+    python benchmarks/time_to_answer.py --seeds 5 --real-runs 2   (--smoke: seconds, the test suite's check)
 """
 
 from __future__ import annotations
@@ -148,20 +148,28 @@ def real(config: dict[str, Any], runs: int, only: list[str] | None = None) -> No
         print(row(name, widths, ratios, minutes, ref) + f"  wall median {np.median(walls):.0f} s")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5, help="engine seeds per mode in virtual time")
     parser.add_argument("--real-runs", type=int, default=0, help="pipeline runs per mode on the demo profile")
     parser.add_argument("--server-start-s", type=float, default=180.0, help="per server start on the Kimi box")
     parser.add_argument("--modes", nargs="+", help="real runs of these modes only (fixed always runs: the reference)")
     parser.add_argument("--no-virtual", action="store_true", help="skip the virtual-time part")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="one seed, one Kimi profile, virtual time only")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.real_runs = 1, 0
     default = load(REPO / "config" / "config.yaml")
+    kimi = validate(yaml.safe_load((REPO / "config" / "examples" / "kimi-k25-8gpu.yaml").read_text()))
+    if args.smoke:  # three levels, few requests: every path runs, the figures mean nothing
+        for cfg in (default, kimi):
+            cfg["concurrency"] = [1, 10, 100]
+            cfg["workload"]["requests"] = {**cfg["workload"]["requests"], "per_concurrency": 1, "floor": 4}
     if not args.no_virtual:
         virtual(default, "demo", "sim", args.seeds, 0.0)
-        kimi = validate(yaml.safe_load((REPO / "config" / "examples" / "kimi-k25-8gpu.yaml").read_text()))
-        for name in KIMI_PROFILES:
-            virtual(kimi, name, "cu128", args.seeds, args.server_start_s)
+        variant = next(iter(kimi["variants"]))  # the example's first stack (its names follow SGLang's builds)
+        for name in KIMI_PROFILES[:1] if args.smoke else KIMI_PROFILES:
+            virtual(kimi, name, variant, args.seeds, args.server_start_s)
     if args.real_runs:
         real(default, args.real_runs, args.modes)
     return 0

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.conftest import PYTHON, REPO, SNAKEMAKE
+from tests.conftest import PYTHON, REPO, SNAKEMAKE, missing
 
 PG_SCRIPT = REPO / "tests" / "services" / "postgres.sh"
 TINY = REPO / "tests" / "pipeline" / "tiny.yaml"
@@ -155,7 +155,7 @@ class MlflowServer:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     why = missing_requirement()
     if why:
-        pytest.skip(f"MLflow server tier: {why}")
+        missing(f"MLflow server tier: {why}")
     # under /tmp: short enough for PostgreSQL's unix socket, and reachable by the `postgres` user it runs as
     root = Path(tempfile.mkdtemp(prefix="ss-mlflow-", dir="/tmp"))
     root.chmod(0o711)  # searchable by that user; postgres.sh makes pg/ its own

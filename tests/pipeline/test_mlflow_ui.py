@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from specsweep.mlflow_view import VIEW_NAME
-from tests.conftest import REPO, SNAKEMAKE
+from tests.conftest import REPO, SNAKEMAKE, missing
 from tests.pipeline.conftest import EXP
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(300)]
@@ -123,7 +123,7 @@ def browser():
     """Headless Debian Chromium driven by Playwright (no browser download); always closed."""
     browser_exe = chromium()
     if browser_exe is None:
-        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
+        missing("MLflow UI browser check: chromium is not installed (.ci/run installs Debian's chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -1,12 +1,14 @@
 """The DAG reruns exactly what a change affects: too much wastes GPU hours, too little leaves stale numbers.
 
 A small experiment on two simulated variants is run for real once (Snakemake records each job's params and
-inputs), then each edit is checked with a dry run. A real engine's stack cannot run here, so the recipe edit
+inputs; it also carries the two-variant comparison, which had a DAG run of its own), then each edit is checked
+with a dry run. A real engine's stack cannot run here, so the recipe edit
 is checked on placeholder outputs (`snakemake --touch`): a recipe is a file input, judged by its time.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -16,13 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, SNAKEMAKE
+from specsweep.config import defaults
+from specsweep.summary import read_judged
+from tests.conftest import REPO, SNAKEMAKE, sim_server_processes
 
 pytestmark = pytest.mark.pipeline
 
 SIM = {
     "experiment": "rr",
-    "concurrency": [1, 2],
+    "concurrency": [1, 4],
     "workload": {
         "input_tokens": 8,
         "output_tokens": 8,
@@ -38,7 +42,8 @@ SIM = {
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {
         "a": {"engine": "sim", "profile": "demo", "arm_server_args": {"eagle3": ["--seed", "1"]}},
-        "b": {"engine": "sim", "profile": "demo"},
+        # a stack whose server runs at most 2 requests at once: slower at C=4, and flagged as capped there
+        "b": {"engine": "sim", "profile": "demo", "sim_args": ["--max-running-requests", "2"]},
     },
 }
 STACK = {
@@ -89,12 +94,31 @@ def write(workdir: Path, cfg: dict) -> None:
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The two-variant experiment, measured for real once (about a minute)."""
+    """The two-variant experiment through the `all` target (crossovers and the variants compared), measured for
+    real once (about a minute); its output is kept in run.log."""
     workdir = tmp_path_factory.mktemp("reruns")
     write(workdir, SIM)
-    smk(workdir, "crossover")
+    (workdir / "run.log").write_text(smk(workdir, "all"))
     assert planned(workdir) == set()
+    assert not sim_server_processes(workdir)
     return workdir
+
+
+def test_two_variants_compared(sim_run: Path) -> None:
+    """Each variant's crossover, and the variants compared arm by arm (the capped stack slower where it caps)."""
+    res = sim_run / "results" / "rr"
+    for v in ("a", "b"):
+        assert json.loads((res / v / "crossover.json").read_text())["variant"] == v
+    rows = list(csv.DictReader((res / "comparison" / "comparison_table.csv").open()))
+    assert {(r["arm"], float(r["concurrency"])) for r in rows} == {
+        (a, c) for a in ("baseline", "eagle3") for c in (1.0, 4.0)
+    }
+    at4 = {r["arm"]: float(r["tok_s_ratio"]) for r in rows if float(r["concurrency"]) == 4.0}
+    assert all(ratio < 0.9 for ratio in at4.values()), at4  # the capped stack is slower at C=4
+    summary = read_judged(res / "b" / "baseline" / "c4", defaults("gates"))[0]
+    assert any("running-request cap 2" in f for f in summary["validity"]["flags"])
+    assert (res / "comparison" / "comparison_throughput.png").stat().st_size > 0
+    assert "variants compared arm by arm" in (sim_run / "run.log").read_text()
 
 
 @pytest.fixture
@@ -180,7 +204,7 @@ def test_changing_one_arms_server_flag_re_measures_that_variants_pairs(finished:
     write(finished, cfg)
     jobs = planned(finished)
     levels = sorted(out for rule, out in jobs if rule == "paired_level")
-    assert levels == [f"results/rr/a/baseline/c{c}/requests.parquet" for c in (1, 2)], jobs
+    assert levels == [f"results/rr/a/baseline/c{c}/requests.parquet" for c in (1, 4)], jobs
     assert variants_of(jobs) == {
         "paired_level": {"a"},
         "crossover_variant": {"a"},
@@ -197,6 +221,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     cfg["gates"] = {"max_client_cpu_share": 0.001}  # every client used more CPU than that: every cell fails
     cfg["analysis"]["bootstrap_samples"] = 200
     cfg["variants"]["a"]["startup_timeout_s"] = 60
+    cfg["cell_attempts"] = 2  # how often a cell is measured: not part of a cell either
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
         "crossover_variant": {"a", "b"},
@@ -207,7 +232,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     before = {p: p.stat().st_mtime_ns for p in cells}
     servers_log = finished / "results" / "rr" / ".servers" / "servers.log"
     starts_before = servers_log.read_text().count(" start ")
-    smk(finished, "crossover")
+    text = smk(finished, "crossover")
     assert {p: p.stat().st_mtime_ns for p in cells} == before  # nothing re-measured
     assert servers_log.read_text().count(" start ") == starts_before  # no server started
     out = json.loads((finished / "results" / "rr" / "a" / "crossover.json").read_text())
@@ -215,3 +240,31 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     assert out["bootstrap"]["replicates"] == 200
     assert ar["levels"] == [] and all("client saturated" in c["reasons"][0] for c in ar["invalid_cells"])
     assert ar["verdict"]["kind"] == "inconclusive"
+    # the run ends naming the cells its gates call invalid and the one command that re-measures exactly those
+    summaries = sorted(str(p.relative_to(finished)) for p in finished.glob("results/rr/*/*/c*/summary.json"))
+    assert f"{len(summaries)} cell(s) still invalid by this experiment's gates:" in text
+    command = next(line.strip() for line in text.splitlines() if line.strip().startswith("snakemake --cores 1"))
+    configfile = finished / "config.yaml"  # as Snakemake holds it: absolute
+    assert command == f"snakemake --cores 1 crossover --configfile {configfile} --forcerun " + " ".join(summaries)
+    remeasure(finished, command, summaries, starts_before)
+
+
+def remeasure(workdir: Path, command: str, summaries: list[str], starts_before: int) -> None:
+    """Run the printed command: the named cells are measured again, each twice (client saturated is transient;
+    cell_attempts 2), the first attempt kept beside the cell and the summary saying which attempt counts."""
+    argv = command.split()
+    assert argv[0] == "snakemake"
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), *argv[1:]]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (workdir / "results" / "rr" / ".servers" / "servers.log").read_text()
+    assert log.count(" start ") > starts_before  # measured again, on servers of its own
+    for rel in summaries:
+        s = json.loads((workdir / rel).read_text())
+        a = s["attempts"]
+        assert (a["counted"], a["made"]) == (2, 2), a
+        assert a["why"] == "still invalid for a transient cause after the last attempt allowed"
+        assert a["log"][0]["kept_at"] == "attempts/1" and "client saturated" in a["log"][0]["reasons"][0]
+        kept = workdir / Path(rel).parent / "attempts" / "1"
+        assert (kept / "summary.json").is_file() and (kept / "requests.parquet").is_file()
+    assert "still invalid by this experiment's gates" in proc.stdout + proc.stderr  # and says so again

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SNAKEMAKE
+from tests.conftest import REPO, SNAKEMAKE, missing
 
 SCRIPT = REPO / "tests" / "services" / "slurm.sh"
 PACKAGES = "slurmctld slurmd slurmdbd slurm-client munge mariadb-server"
@@ -36,7 +36,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     """The cluster's client environment (SLURM_CONF); the cluster is stopped after the tier, whatever happened."""
     reason = missing_reason()
     if reason:
-        pytest.skip(reason)
+        missing(f"SLURM tier: {reason}")
     state = tmp_path_factory.mktemp("slurm")
     up = subprocess.run(["bash", str(SCRIPT), "up", str(state)], capture_output=True, text=True, timeout=180)
     try:

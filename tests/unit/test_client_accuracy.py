@@ -22,6 +22,7 @@ from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
 from specsweep.metrics import summarize
+from tests.conftest import HOST_DISTURBED
 
 pytestmark = pytest.mark.unit
 
@@ -66,8 +67,8 @@ def sim(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     """
     try:
         proc, url = _start_sim(*(["--speculative"] if request.param else []))
-    except (OSError, RuntimeError) as e:
-        pytest.skip(f"simulated engine unavailable: {e}")
+    except (OSError, RuntimeError) as e:  # the simulator is the project's own: not starting is a bug, never a skip
+        pytest.fail(f"the simulated engine did not start: {e}")
     own_cpus = os.sched_getaffinity(0)
     if len(own_cpus) >= 2:
         server_cpu = max(own_cpus)
@@ -173,7 +174,7 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
     if t99 < TOLERANCE_S and g99 < TOLERANCE_S:
         return
     if engine_wait > 0.005 or steal > 0.005 or foreign > 0.25:
-        pytest.skip(f"the engine's own stamps were disturbed; accuracy not measurable: {msg}")
+        pytest.skip(f"{HOST_DISTURBED} the engine's own stamps were disturbed; accuracy not measurable: {msg}")
     pytest.fail(f"client timestamps off on a quiet machine: {msg}")
 
 

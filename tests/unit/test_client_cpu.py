@@ -18,6 +18,7 @@ from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
 from specsweep.metrics import summarize
+from tests.conftest import missing
 from tests.support.fakeserver import fake_server
 
 pytestmark = pytest.mark.unit
@@ -50,7 +51,7 @@ def test_auto_plan_gives_the_client_a_core_of_its_own() -> None:
 def hogs_on_my_core(n: int) -> Iterator[tuple[int, list[int]]]:
     """`n` busy processes pinned to the last CPU, this test process pinned there too. Always stopped."""
     if not TWO_CPUS:
-        pytest.skip("needs two CPUs")
+        missing("two CPUs (this host has one): the hog test pins the client and the hogs to one of two")
     mine = os.sched_getaffinity(0)
     cpu = max(mine)
     os.sched_setaffinity(0, {cpu})

@@ -184,6 +184,8 @@ rule merge_segments:
     wildcard_constraints:
         variant=regex_of(REPLICATED_VARIANTS),
         level=r"c\d+",
+    conda:
+        "../envs/specsweep.yaml"
     params:
         variant_root=lambda w: RES / w.variant,
         arms=REFERENCE_FIRST,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 from specsweep.analysis.table import format_table
 from specsweep.io import read_json
 from specsweep.mlflow_view import VIEW_NAME
+from specsweep.summary import read_judged
 from specsweep.tracking import is_server_uri, ui_base, ui_command, ui_view_url
 
 
@@ -23,7 +25,42 @@ def _table(path: Path) -> str:
         return f"{path}: cannot show the table ({type(exc).__name__}: {exc}); the file itself is intact"
 
 
-def final_text(config: dict[str, Any]) -> str:
+def invalid_cells(config: dict[str, Any]) -> list[tuple[Path, list[str]]]:
+    """(summary.json, reasons) of every stored cell of the experiment's variants that its gates call invalid."""
+    res = Path(config["results_dir"]) / config["experiment"]
+    out = []
+    for variant in config["variants"]:
+        for path in sorted(res.glob(f"{variant}/*/*/summary.json")):
+            try:
+                v = read_judged(path.parent, config["gates"], config["slo"])[0]["validity"]
+            except (OSError, ValueError, KeyError) as exc:  # a cell this version cannot judge: re-measure it too
+                v = {"valid": False, "reasons": [f"cannot be judged ({type(exc).__name__}: {exc})"]}
+            if not v["valid"]:
+                out.append((path, list(v["reasons"])))
+    return out
+
+
+def remeasure_command(paths: list[Path], configfiles: list[str] | None = None) -> str:
+    """The one command that measures exactly these cells again, and what depends on them."""
+    cmd = ["snakemake", "--cores", "1", "crossover"]
+    if configfiles:
+        cmd += ["--configfile", *map(str, configfiles)]
+    return shlex.join([*cmd, "--forcerun", *map(str, paths)])
+
+
+def _invalid_lines(config: dict[str, Any], configfiles: list[str] | None) -> list[str]:
+    cells = invalid_cells(config)
+    if not cells:
+        return []
+    lines = [f"{len(cells)} cell(s) still invalid by this experiment's gates:"]
+    for path, reasons in cells:
+        lines.append(f"  {path.parent}: {'; '.join(reasons)[:200]}")
+    lines.append("re-measure exactly these (and what depends on them):")
+    lines.append(f"  {remeasure_command([p for p, _ in cells], configfiles)}")
+    return lines
+
+
+def final_text(config: dict[str, Any], configfiles: list[str] | None = None) -> str:
     res = Path(config["results_dir"]) / config["experiment"]
     lines = ["", "=" * 100]
     for variant in config["variants"]:
@@ -39,6 +76,7 @@ def final_text(config: dict[str, Any]) -> str:
     comparison = res / "comparison" / "comparison_table.csv"
     if comparison.is_file():
         lines.append(f"variants compared arm by arm: {comparison} (plots beside it)")
+    lines += _invalid_lines(config, configfiles)
     lines.append(f"results: {res.resolve()}")
     if config["mlflow"]["enabled"]:
         base = ui_base(config)  # never a user:password@ of the configured URI
@@ -54,5 +92,5 @@ def final_text(config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def print_final(config: dict[str, Any]) -> None:
-    print(final_text(config), flush=True)
+def print_final(config: dict[str, Any], configfiles: list[str] | None = None) -> None:
+    print(final_text(config, configfiles), flush=True)

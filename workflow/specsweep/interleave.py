@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from specsweep import servers
+from specsweep import heal, servers
 from specsweep.cell import (
     CellError,
     LevelInputs,
@@ -38,7 +39,7 @@ from specsweep.cell import (
 from specsweep.client.cpu import pinned
 from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
 from specsweep.client.prompts import LevelPrompts
-from specsweep.jobenv import measuring_gates
+from specsweep.config import defaults
 from specsweep.metrics import jsonable
 from specsweep.redact import MissingAPIKey
 from specsweep.summary import judged, write_cell
@@ -138,16 +139,6 @@ async def _measure_blocks(
     return results, inputs, infos, blocks, level_s
 
 
-# Invalidity reasons that another try can cure: the host or the client, not the engine (errors, short outputs).
-TRANSIENT_REASONS = ("machine busy", "client saturated", "client starved", "client event-loop lag", "drift")
-
-
-def transient(reasons: list[str]) -> bool:
-    """Whether every reason is one a new attempt can cure (`TRANSIENT_REASONS`, after a 'repeat N: ' prefix)."""
-    bare = [r.split(": ", 1)[1] if r.startswith("repeat ") else r for r in reasons]
-    return bool(bare) and all(r.startswith(TRANSIENT_REASONS) for r in bare)
-
-
 def _measure_once(
     cells: dict[str, PreparedCell], state_dir: Path, server_log_dir: Path, rounds: int, concurrency: int
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -188,34 +179,46 @@ def run_level(
     state_dir: Path,
     server_log_dir: Path,
     startup_timeout_s: float | None = None,
-    attempts: int = 3,
 ) -> dict[str, dict[str, Any]]:
     """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
     arm's cell into `out_dirs[arm]`; returns arm -> summary.
 
-    An attempt in which a cell is invalid for a transient cause only (`transient`, judged by the experiment's
-    gates as the workflow shares them, `jobenv.measuring_gates`; every reader judges the cell again) is kept
-    under the cell's `attempts/<pairing id>/` and the level measured again, up to `attempts` times; the
-    summary's `pairing.attempts` lists every attempt and why it did not count."""
+    The level heals as a cell does (`specsweep.heal`): an attempt in which a cell is invalid for transient
+    causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
+    whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
+    attempt counts and why the others did not."""
     concurrency, rounds = check_specs(specs)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
-    gates = measuring_gates()
-    history: list[dict[str, Any]] = []
-    for attempt in range(1, max(1, attempts) + 1):
-        records, summaries = _measure_once(cells, state_dir, server_log_dir, rounds, concurrency)
-        pid = summaries[next(iter(cells))]["pairing"]["id"]
-        verdicts = {arm: judged(jsonable(summaries[arm]), records[arm], gates)["validity"] for arm in cells}
-        failed = {arm: v["reasons"] for arm, v in verdicts.items() if not v["valid"]}
-        retry = bool(failed) and attempt < attempts and all(transient(r) for r in failed.values())
-        history.append({"attempt": attempt, "id": pid, "invalid": failed, "counted": not retry})
-        if not retry:
-            break
-        for arm in cells:  # nothing measured is lost: the attempt that did not count stays beside the cell
-            write_cell(out_dirs[arm] / "attempts" / pid, records[arm], summaries[arm])
-        why = "; ".join(f"{arm}: {', '.join(r)}" for arm, r in failed.items())
-        print(f"attempt {attempt} of {attempts} did not count ({why}); measuring the level again", file=sys.stderr)
+    gates, attempts = heal.judge_settings()
+    judging = gates or defaults("gates")
+    for d in out_dirs.values():  # a new measurement of the level replaces the old one's attempts
+        shutil.rmtree(d / "attempts", ignore_errors=True)
+    Level = tuple[dict[str, Any], dict[str, dict[str, Any]]]
+
+    def measure_once(n: int) -> Level:
+        return _measure_once(cells, state_dir, server_log_dir, rounds, concurrency)
+
+    def judge(level: Level) -> dict[str, Any]:
+        """The level's verdict: every arm's reasons, named by arm (valid only if every cell is)."""
+        records, summaries = level
+        verdicts = {arm: judged(jsonable(summaries[arm]), records[arm], judging)["validity"] for arm in cells}
+        reasons = [f"[{arm}] {r}" for arm, v in verdicts.items() for r in v["reasons"]]
+        return {"valid": all(v["valid"] for v in verdicts.values()), "reasons": reasons}
+
+    def keep(n: int, level: Level) -> str:
+        records, summaries = level
+        for arm in cells:
+            write_cell(out_dirs[arm] / "attempts" / str(n), records[arm], summaries[arm])
+        return f"attempts/{n}"
+
+    def quiet(n: int) -> dict[str, Any]:
+        return heal.wait_for_quiet(cells[next(iter(cells))].plan.watched, judging["max_foreign_cpu_share"])
+
+    done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet)
+    records, summaries = done.result
     for arm in cells:
-        summaries[arm]["pairing"]["attempts"] = history
+        if len(done.log) > 1:
+            summaries[arm]["attempts"] = done.as_dict()
         write_cell(out_dirs[arm], records[arm], summaries[arm])
     return summaries
 

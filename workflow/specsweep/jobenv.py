@@ -6,18 +6,14 @@ workflow runs (which code, which interpreter, who owns the servers), and one pla
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from specsweep.serverhost import HOST_ENV, start_host
 from specsweep.servers import OWNER_ENV, OWNER_JOB_ENV, process_started
 
-__all__ = ["GATES_ENV", "measuring_gates", "prepare", "share_gates"]
-
-GATES_ENV = "SPECSWEEP_GATES"
+__all__ = ["prepare"]
 
 
 def _prepend(name: str, value: str) -> None:
@@ -45,17 +41,3 @@ def prepare(package_root: str | Path) -> None:
         os.environ[OWNER_JOB_ENV] = job
         os.environ[HOST_ENV] = str(start_host(pid, process_started(pid) or 0.0, job))
     os.environ.setdefault(OWNER_ENV, str(os.getpid()))
-
-
-def share_gates(gates: dict[str, Any]) -> None:
-    """The experiment's gates, for the measuring jobs that decide whether an attempt counts (specsweep.interleave).
-    An environment variable, not a rule param: a gate change re-measures nothing by itself (re-analysis stays free)."""
-    os.environ[GATES_ENV] = json.dumps(gates, sort_keys=True)
-
-
-def measuring_gates() -> dict[str, Any]:
-    """The gates shared by the workflow (`share_gates`), else the schema's defaults (a job run standalone)."""
-    from specsweep.config import defaults
-
-    shared = os.environ.get(GATES_ENV)
-    return {**defaults("gates"), **(json.loads(shared) if shared else {})}

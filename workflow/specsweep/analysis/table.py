@@ -126,6 +126,22 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def table_header(conf: int, unit: str, level: str = "C", extra: str = "") -> str:
+    """The speedup table's header line (also what the README's generated sample is checked against)."""
+    return (
+        f"{level:>6} | {f'baseline {unit}':>14} | {f'spec {unit}':>10} | {f'speedup [{conf}% CI]':<24}{extra} | "
+        "same output | valid"
+    )
+
+
+def proof_header(conf: int) -> str:
+    """The policy proof table's header line."""
+    return (
+        f"{'C':>6} | {'best fixed arm':>14} | {'best':>8} | {'policy':>8} | {f'policy/best [{conf}% CI]':<24} | "
+        "status     | same output"
+    )
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The compact table (C | baseline tok/s | spec tok/s | speedup [95% CI] | same output | valid) and the
     crossover line; "same output" is the share of the speculative cell's outputs equal to the baseline's."""
@@ -139,10 +155,7 @@ def format_table(result: dict[str, Any]) -> str:
         unit = next(m.unit for m in METRICS if m.name == ar["primary_metric"])
         running = {r["level"]: r for r in (ar.get("running_requests") or {}).get("per_level") or []}
         extra = f" | {'running b / s':>13}" if running else ""
-        lines.append(
-            f"{LEVEL_LABEL.get(result.get('load', 'closed'), 'C'):>6} | {f'baseline {unit}':>14} | "
-            f"{f'spec {unit}':>10} | {f'speedup [{conf}% CI]':<24}{extra} | same output | valid"
-        )
+        lines.append(table_header(conf, unit, LEVEL_LABEL.get(result.get("load", "closed"), "C"), extra))
         for r in (r for r in table_rows(result) if r["arm"] == name):
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
             same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%"
@@ -207,10 +220,7 @@ def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:
             f"{result.get('experiment')}/{result.get('variant')}: {arm} vs the best fixed arm per level "
             f"({proof['source']}; metric {proof['metric']})"
         )
-        lines.append(
-            f"{'C':>6} | {'best fixed arm':>14} | {'best':>8} | {'policy':>8} | {f'policy/best [{conf}% CI]':<24} | "
-            "status     | same output"
-        )
+        lines.append(proof_header(conf))
         for r in proof["per_level"]:
             ci = f"{_fmt(r['ratio'])} [{_fmt(r['ratio_lo'])}, {_fmt(r['ratio_hi'])}]"
             m = r.get("output_match") or {}

@@ -261,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
             args.state_dir,
             args.server_log_dir,
             args.startup_timeout_s,
-            args.attempts,
         )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"interleaved level failed: {e}", file=sys.stderr)

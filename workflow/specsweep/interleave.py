@@ -245,9 +245,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
     parser.add_argument("--server-log-dir", required=True, type=Path)
     parser.add_argument("--startup-timeout-s", type=float, help="seconds to wait for a server (default: the variant's)")
-    parser.add_argument(
-        "--attempts", type=int, default=3, help="measure the level again while a transient cause spoils it"
-    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ Not a test gate (a new release may deprecate a flag the pinned one needs, and th
 recipes install; tests/engine_args checks that one). Run it before moving the pin:
 
     python benchmarks/sglang_args_newest.py [--version 0.5.23] [--envs-root results/_envs]
+    python benchmarks/sglang_args_newest.py --smoke    # the pinned release (tests/pipeline/test_benchmarks.py)
 
 It writes a parser recipe like tests/engine_args/sglang-args.txt with the sglang pin replaced (the other pins kept:
 a newer release may need newer ones, and then the import fails, which the output says), builds it with
@@ -45,8 +46,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--version", default=None, help="the release to check (default: the newest on the index)")
     p.add_argument("--envs-root", type=Path, default=REPO / "results" / "_envs")
+    p.add_argument(
+        "--smoke", action="store_true", help="the pinned release instead of the newest (its environment is the tier's)"
+    )
     args = p.parse_args()
-    version = args.version or newest_version()
+    pinned = re.search(r"^sglang==(\S+)", SGLANG_RECIPE.read_text(), flags=re.MULTILINE)
+    version = args.version or (pinned.group(1) if args.smoke and pinned else None) or newest_version()
     recipe_dir = args.envs_root / "recipes"
     recipe_dir.mkdir(parents=True, exist_ok=True)
     recipe = recipe_dir / f"sglang-args-{version}.txt"

@@ -117,8 +117,13 @@ def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, t
     before = {p: p.stat().st_mtime_ns for p in (work / "results" / "ad" / "sim").rglob("*") if p.is_file()}
     proc = snakemake(work, "crossover")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    # the cells' own files (a cell re-measured for a busy host also keeps its earlier attempts under attempts/)
-    cells = [p for p in before if p.name in ("summary.json", "requests.parquet") and "attempts" not in p.parts]
+    # the cells' own files (a cell re-measured for a busy host also keeps its earlier attempts under attempts/, and
+    # a policy cell its paired re-measurement of the best fixed arm under reference/)
+    cells = [
+        p
+        for p in before
+        if p.name in ("summary.json", "requests.parquet") and not {"attempts", "reference"} & set(p.parts)
+    ]
     assert cells and all(p.stat().st_mtime_ns == before[p] for p in cells)  # nothing measured
     assert {p.name for p in (work / "results" / "ad" / "sim").glob("*/c*")} == {p.parent.name for p in cells}
     assert [r["add"] for r in rounds(work)] == [r["add"] for r in rounds(adaptive_run)]  # decisions kept

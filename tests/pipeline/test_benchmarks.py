@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.engine_args.conftest import ENVS_DIR
 from tests.pipeline.conftest import EXP
 
 SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py"))
@@ -24,6 +25,7 @@ EXPECT = {
     "default_run.py": "finished run: 4 cells",
     "open_closed_consistency.py": "arm eagle3 (speculative): 1 runs",
     "repeatability.py": "tiny/sim: eagle3 vs baseline",
+    "sglang_args_newest.py": "command lines, 0 with findings",
     "sim_fidelity.py": "max |aggregate error|",
     "sim_timing.py": "drift = achieved / model - 1",
     "sim_validation.py": "leave-level-out: ",
@@ -39,6 +41,8 @@ def test_benchmark_smoke(script: str, run_dir: Path) -> None:
     extra = {
         "default_run.py": ["--results", str(run_dir)],
         "repeatability.py": ["--results", str(run_dir / "results" / EXP)],
+        # the engine_args tier's environment (built there first, reused here)
+        "sglang_args_newest.py": ["--envs-root", str(ENVS_DIR)],
     }.get(script, [])
     cmd = [sys.executable, str(REPO / "benchmarks" / script), "--smoke", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=170)

@@ -60,6 +60,10 @@ def config_for(name: str, dataset: Path | None = None, **overrides: object) -> d
         "ngram": {"speculative": True, "server_args": config["arms"]["ngram"]["server_args"]},
     }
     config["policy"] = {"measure": False}
+    # one arm after the other, as this tier measured before interleaving existed: interleaved blocks each warm
+    # their server up again, which makes a vLLM CPU sweep too long for CI (the interleaved design on vLLM:
+    # tests/real_engine/test_vllm_cpu.py's level test and docs/analysis.md)
+    config["pairing"] = {"mode": "sequential"}
     # synthetic prompts as long as the templated ones (~200 tokens with the template): only the content differs
     config["workload"].update(output_tokens=OUTPUT_TOKENS, endpoint="chat", input_tokens=INPUT_TOKENS)
     if dataset is not None:

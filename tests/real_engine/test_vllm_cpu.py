@@ -380,10 +380,6 @@ def test_one_level_interleaved_with_frozen_servers(tmp_path_factory: pytest.Temp
         stop_everything(workdir)
 
 
-def crossover(run_dir: Path) -> dict:
-    return json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
-
-
 def test_servers_stopped(run_dir: Path) -> None:
     """Each arm's server started once and reused; nothing of vLLM is left running within 30 s."""
     events = (run_dir / "results" / EXP / ".servers" / "servers.log").read_text().splitlines()

@@ -132,8 +132,7 @@ def write_config(workdir: Path) -> None:
     assert config["workload"]["output_tokens"] == OUTPUT_TOKENS and config["repeats"] == REPEATS
     # The sweep runs one arm after the other (the design this tier's figures were taken with). Interleaved, every
     # one of the 15 blocks per level warms its server up again (64 requests at C=64): the sweep took over 30 min
-    # on 2 cores, past this tier's budget. The interleaved design on vLLM CPU is covered by
-    # test_one_level_interleaved_with_frozen_servers below, on one level.
+    # on 2 cores, past this tier's budget. The interleaved design on vLLM CPU is not in this tier yet (issue 25).
     config["pairing"] = {"mode": "sequential"}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
@@ -346,38 +345,6 @@ def test_crossover_and_mlflow(run_dir: Path) -> None:
     assert kinds == {"cell": len(ARMS) * len(LEVELS), "sweep": len(ARMS), "crossover": 1}, kinds
     cells = runs[runs["tags.specsweep.kind"] == "cell"]
     assert set(cells["tags.specsweep.cell_key"]) == {f"{EXP}/{VARIANT}/{a}/c{c}" for a in ARMS for c in LEVELS}
-
-
-def test_one_level_interleaved_with_frozen_servers(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One level (C=4, 2 blocks per arm) of the three fixed arms in interleaved blocks (A B C | C B A), the
-    servers not being measured frozen (SIGSTOP): vLLM answers every request after being resumed, and no block saw
-    other processes on its CPUs beyond the machine-busy gate, the frozen servers included."""
-    workdir = tmp_path_factory.mktemp("real_vllm_paired")
-    try:
-        write_config(workdir)
-        config = yaml.safe_load((workdir / "config.yaml").read_text())
-        config.update(concurrency=[4], repeats=2, pairing={"mode": "interleaved"}, policy={"measure": False})
-        (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        target = f"results/{EXP}/{VARIANT}/baseline/c4/summary.json"
-        cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", target, "--configfile", "config.yaml"]
-        rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
-        assert rc == 0, out[-5000:]
-        gates = defaults("gates")
-        arms = ["baseline", *SPEC_ARMS]
-        base = read_judged(workdir / f"results/{EXP}/{VARIANT}/baseline/c4", gates)[0]
-        pairing = base["pairing"]
-        assert pairing["mode"] == "interleaved" and pairing["idle_servers"] == "frozen", pairing
-        assert pairing["order"] == [arms, arms[::-1]]
-        for arm in arms:
-            s, df = read_judged(workdir / f"results/{EXP}/{VARIANT}/{arm}/c4", gates)
-            assert s["pairing"]["id"] == pairing["id"], arm
-            assert df["ok"].all() and (df["output_tokens"] == df["expected_output_tokens"]).all(), arm
-            for rep in s["repeats"]:
-                client = rep["metrics"]["client"]
-                slack = gates["max_foreign_cpu_share"] + (client["foreign_cpu_resolution"] or 0.0)
-                assert client["foreign_cpu_share"] <= slack, (arm, rep["repeat"], client)
-    finally:
-        stop_everything(workdir)
 
 
 def test_servers_stopped(run_dir: Path) -> None:

@@ -142,7 +142,7 @@ def test_client_times_match_server_send_times_at_c100(sim: tuple[str, int], requ
 
     async def go():  # type: ignore[no-untyped-def]
         prompts = await level_prompts(100, 300, 1, 4, 32, seed=0, url=url)
-        assert prompts.repeats[0].exact and prompts.repeats[0].tokenizer == "server"
+        assert prompts.repeats[0].exact and prompts.repeats[0].tokenizer == "words=server"
         spec = RequestSpec(url=url, backend=backend, request_timeout_s=30)
         return await measure_level(spec, 100, 200, prompts, 24, warmup=4, idle_probe_s=0.1)
 

@@ -158,7 +158,7 @@ def test_prompts_seeded_exact_and_hashed() -> None:
     assert a.prompts == b.prompts and a.sha256 == b.sha256
     assert a.sha256 != c.sha256
     assert all(len(p.split()) == 20 for p in a.prompts)
-    assert d.tokenizer == "server" and d.exact and d.input_tokens == [20] * 4
+    assert d.tokenizer == "words=server" and d.exact and d.input_tokens == [20] * 4
     assert e.tokenizer == "words" and not e.exact
     assert len({p.split()[0] for p in a.prompts}) == 4  # distinct first words: no shared cached prefix
     assert a.describe()["prompt_set_sha256"] == prompt_set_hash(a.prompts, a.output_tokens)
@@ -236,7 +236,7 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
         assert "validity" not in s and s["metrics"]["goodput_rps"] is None  # judgements, made when read
         s = read_judged(out / f"c{c}", defaults("gates"), {"ttft_ms": 1000})[0]
         assert s["concurrency"] == c
-        assert s["workload"]["prompt_tokenizer"] == "server" and len(s["workload"]["prompt_set_sha256"]) == 64
+        assert s["workload"]["prompt_tokenizer"] == "words=server" and len(s["workload"]["prompt_set_sha256"]) == 64
         assert s["metrics"]["ttft_ms"]["n"] == n  # measured requests only
         assert s["metrics"]["goodput_rps"] is not None
         assert s["repeats"][0]["cache_reset"] == "flushed"
@@ -292,3 +292,30 @@ def test_public_api_imports() -> None:
 
     assert all(callable(getattr(client, name)) for name in client.__all__ if name[0].islower())
     assert callable(summary.level_summary) and callable(summary.write_cell)
+
+
+@pytest.mark.parametrize(("server_counts_bos", "expected"), [(False, "words=server"), (True, "server")])
+def test_a_local_counter_stands_in_for_the_server_only_where_it_counts_the_same(
+    monkeypatch: pytest.MonkeyPatch, server_counts_bos: bool, expected: str
+) -> None:
+    """Prompts are fitted locally only after the local counter matched the server on every probe text; a server
+    that counts one more token (a BOS) keeps counting, and the prompts still come out at its lengths."""
+    from specsweep.client import prompts
+
+    calls = {"n": 0}
+
+    def fake_server_tokenizer(*_args: object, **_kwargs: object) -> prompts.Tokenizer:
+        async def count(text: str) -> int:
+            calls["n"] += 1
+            return len(text.split()) + int(server_counts_bos)
+
+        return count
+
+    monkeypatch.setattr(prompts, "server_tokenizer", fake_server_tokenizer)
+    got = asyncio.run(prompts.make_prompts_auto(20, 16, seed=3, url="http://127.0.0.1:9"))
+    assert got.tokenizer == expected
+    assert got.exact and all(n == 16 for n in got.input_tokens)
+    if expected == "words=server":
+        assert calls["n"] <= 1 + prompts.PROBE_TEXTS  # the liveness check and the probes, no prompt
+    else:
+        assert calls["n"] > 20  # every prompt counted by the server

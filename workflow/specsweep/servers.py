@@ -455,7 +455,7 @@ def acquire_group(
         return replace(make_specs[slot](port), resource=f"{base}{GROUP_SEP}{slot}")
 
     recs: dict[str, ServerRecord] = {}
-    started: list[str] = []
+    started: list[tuple[str, int]] = []
     with file_lock(state_dir / f"{_slug(base)}.lock"):
         with file_lock(state_dir / "state.lock"):
             owner = _owner()
@@ -484,11 +484,21 @@ def acquire_group(
                 while port in taken:
                     port = pick_port(host, None, labels[slot])
                 taken.add(port)
-                recs[slot] = _start(state_dir, make_scoped(slot, port), labels[slot], Path(log_paths[slot]), owner)
-                started.append(slot)
-        for slot in started:
-            _wait_ready(state_dir, recs[slot], make_scoped(slot, recs[slot].port))
-            log_event(state_dir, "ready", label=labels[slot], identity=recs[slot].identity, pid=recs[slot].server_pid)
+                started.append((slot, port))
+        # One after another, each ready before the next starts: started together, servers that load on the CPU
+        # (vLLM's CPU build: ~60 s alone on 2 cores) took over 300 s each; and a ready server is frozen while the
+        # next one loads, so it takes no CPU from it.
+        try:
+            for slot, port in started:
+                with file_lock(state_dir / "state.lock"):
+                    recs[slot] = _start(state_dir, make_scoped(slot, port), labels[slot], Path(log_paths[slot]), owner)
+                rec = recs[slot]
+                _wait_ready(state_dir, rec, make_scoped(slot, port))
+                log_event(state_dir, "ready", label=labels[slot], identity=rec.identity, pid=rec.server_pid)
+                freeze(rec)
+        finally:
+            for rec in recs.values():
+                thaw(rec)
         for rec in idle:
             freeze(rec)
         try:

@@ -5,8 +5,8 @@ period of the host or a slow instance lands on one arm only and goes straight in
 read an A/A comparison 26% worse, another 13-17% better). Here each arm's repeats are blocks that alternate
 with the other arms' in a counterbalanced order (A B, B A, A B, ...), each block short against the host's drift,
 and the idle servers are frozen (SIGSTOP of their process tree) while another is measured, so they take no CPU.
-A linear drift then cancels in the paired ratio of neighbouring blocks (`analysis/paired.py`), and what is left
-shows as the reference arm's drift between its first and last block.
+A linear drift then cancels in the mean of the rounds' paired ratios (`analysis/paired.py`), and what is left
+shows in their spread and as the reference arm's drift between its first and last block.
 
 Run by the Snakemake `paired_level` rule and standalone: `specsweep paired-level --specs JSON --env ENV.json
 --out-root DIR ...`. Each arm's cell is written as the `cell` rule writes it, with a `pairing` block in its

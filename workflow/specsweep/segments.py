@@ -5,9 +5,9 @@ each, the instance's own speed and the host's drift go straight into the ratio. 
 several instances in a counterbalanced segment order (baseline i1, eagle3 i1, eagle3 i2, baseline i2), each
 instance's cells under `<cell>/instances/i<k>/`, and this module merges them into the arm's cell: the records of
 every instance with their repeats numbered on (instance k's repeat r is k x R + r), the repeats' own metrics
-kept, and a `pairing` block whose blocks are every arm's instance repeats in time order, so the analysis pairs
-each speculative block with its neighbouring baseline blocks (`analysis/paired.py`) as it does for
-interleaved levels: the instance effect and the drift left over both show in the spread of the pairs.
+kept, and a `pairing` block whose blocks are every arm's instance repeats in time order, so the analysis compares
+the arms' means over their instances (`analysis/paired.py`, Welch): the instance effect and the drift left over
+both show in the spread of the instances.
 
 Run by the Snakemake `merge_segments` rule and standalone: `specsweep merge-segments --variant-root DIR
 --level c10 --arms baseline eagle3 --instances 2`.

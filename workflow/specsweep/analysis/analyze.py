@@ -657,8 +657,8 @@ def analyze_arm(
         blocks = sorted({p["blocks"] for p in pairs})
         within_only = blocks == [1]
         interval_note = (
-            f"interleaved arms: {'/'.join(map(str, blocks))} block(s) per arm and level, the speedup from each "
-            "block against its neighbouring baseline blocks"
+            f"interleaved arms: {'/'.join(map(str, blocks))} round(s) of blocks per level, the speedup a paired t "
+            "over the rounds (each round's blocks of both arms)"
             + ("; 1 block: intervals hold within-block noise only, use repeats >= 2" if within_only else "")
         )
     return {

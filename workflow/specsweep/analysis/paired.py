@@ -1,13 +1,17 @@
-"""The speedup of two arms measured in interleaved blocks (specsweep.interleave), from neighbouring blocks.
+"""The speedup of two arms measured in interleaved blocks (specsweep.interleave): a paired t over the rounds.
 
-Each block of the compared arm is set against the reference arm's blocks next to it in time (the one before and
-the one after): d = log(compared block) - mean log(neighbouring reference blocks). In a counterbalanced order
-(A B | B A) a drift that is linear over the level cancels in the mean of d, which the arms' separate means would
-carry straight into the ratio. The interval is a t interval of that mean: its variance is the larger of the
-blocks' own sampling noise (each block's block bootstrap, propagated through the weights) and the spread of the
-d's themselves (drift and instance effects left over), so neither is left out. Blocks that share both neighbours
-(the two middle blocks of A B | B A) count as one unit of that spread: their d's move together. An odd number of
-rounds leaves the last one unbalanced (its block has a neighbour on one side only): use an even number of repeats.
+Every round holds one block of each arm, the order reversed from round to round (A B | B A). Each round gives
+d = log(compared block) - log(reference block), and the speedup is exp(mean d): a drift that is linear over the
+level enters the rounds with alternating signs and cancels in the mean over an even number of rounds (an odd
+number leaves one round's share of it); it is not removed from the d's spread, so it widens the interval instead
+of moving it. The interval is a t interval of that mean with the larger of two variances: the blocks' own sampling
+noise (each block's block bootstrap) and the spread of the d's over the rounds (drift, slow host periods and
+instance effects), with rounds - 1 degrees of freedom.
+
+Why rounds and not each block against both its neighbouring blocks: that cancels a linear drift inside the d's,
+but blocks sharing both neighbours are one unit of spread, which leaves rounds / 2 - 1 degrees of freedom: on vLLM
+CPU with 3 repeats one unit was left (t = 6.3 at 90%) and C=1's interval went from 0.17 to 7.4 where the rounds'
+own d's (1.64, 1.92, 1.33) give 1.18 to 2.18.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ class PairedEstimate:
 
     speedup: float
     replicates: np.ndarray
-    pairs: int  # blocks of the compared arm, each set against its neighbouring reference blocks
-    df: int  # of the variance used: the clusters of blocks sharing neighbours less one, or the blocks' own
+    pairs: int  # rounds (interleaved: one block of each arm) or server instances (segments)
+    df: int  # of the variance used: rounds less one, or the blocks' own
     spread_dominates: bool  # the d's varied more than the blocks' own noise explains (drift or instances)
-    unit: str = "block"  # what `pairs` counts: interleaved blocks, or server instances (segments)
+    unit: str = "round"  # what `pairs` counts: interleaved rounds, or server instances (segments)
 
 
 def pairing_of(cell: Cell) -> dict[str, Any] | None:
@@ -48,20 +52,13 @@ def paired(base: Cell, other: Cell) -> bool:
     return a is not None and b is not None and a.get("id") == b.get("id")
 
 
-def neighbour_weights(blocks: list[dict[str, Any]], ref_arm: str, arm: str) -> dict[int, dict[int, float]]:
-    """For each block (repeat) of `arm`: the reference arm's blocks next to it in time (the one before and the
-    one after), as repeat -> weight (a block's weights sum to 1)."""
-    order = sorted((b for b in blocks if b["arm"] in (ref_arm, arm)), key=lambda b: float(b["start_unix"]))
-    out: dict[int, dict[int, float]] = {}
-    for i, b in enumerate(order):
-        if b["arm"] != arm:
-            continue
-        before = next((x for x in reversed(order[:i]) if x["arm"] == ref_arm), None)
-        after = next((x for x in order[i + 1 :] if x["arm"] == ref_arm), None)
-        nbrs = [int(x["repeat"]) for x in (before, after) if x is not None]
-        if nbrs:
-            out[int(b["repeat"])] = {r: 1.0 / len(nbrs) for r in nbrs}
-    return out
+def rounds_of(blocks: list[dict[str, Any]], ref_arm: str, arm: str) -> list[int]:
+    """The rounds (repeats) in which both arms have a block, in order."""
+    have: dict[str, set[int]] = {ref_arm: set(), arm: set()}
+    for b in blocks:
+        if b["arm"] in have:
+            have[b["arm"]].add(int(b["repeat"]))
+    return sorted(have[ref_arm] & have[arm])
 
 
 def _instances(blocks: list[dict[str, Any]], arm: str) -> dict[int, list[int]]:
@@ -91,43 +88,23 @@ def paired_estimate(
     assert pairing is not None
     if pairing["mode"] == "segments":
         return _segments_estimate(pairing, base, other, base_boot, other_boot, name, higher_is_better, n_boot, rng)
-    weights = neighbour_weights(pairing["blocks"], base.arm, other.arm)
+    rounds = rounds_of(pairing["blocks"], base.arm, other.arm)
     bv, ov = base_boot.repeat_values.get(name, {}), other_boot.repeat_values.get(name, {})
-    if not weights or any(r not in ov for r in weights) or any(r not in bv for w in weights.values() for r in w):
+    if not rounds or any(r not in ov or r not in bv for r in rounds):
         return None
-    values = [*(bv[r] for w in weights.values() for r in w), *(ov[r] for r in weights)]
-    if any(not np.isfinite(v) or v <= 0 for v in values):
+    if any(not np.isfinite(v) or v <= 0 for r in rounds for v in (bv[r], ov[r])):
         return None
     sign = 1.0 if higher_is_better else -1.0
-    d = np.array(
-        [sign * (math.log(ov[r]) - sum(w * math.log(bv[q]) for q, w in nb.items())) for r, nb in weights.items()]
-    )
+    d = np.array([sign * (math.log(ov[r]) - math.log(bv[r])) for r in rounds])
     n = d.size
-    # D = mean(d) is a linear combination of the blocks' logs: its sampling variance from the blocks' own noise
-    coef: dict[tuple[str, int], float] = {}
-    for r, nb in weights.items():
-        coef[("o", r)] = coef.get(("o", r), 0.0) + 1.0 / n
-        for q, w in nb.items():
-            coef[("b", q)] = coef.get(("b", q), 0.0) - w / n
+    # mean(d) from the blocks' own noise: each round's two blocks, 1/n each
     bvar, ovar = base_boot.repeat_log_var.get(name, {}), other_boot.repeat_log_var.get(name, {})
-    within, df_within, known = 0.0, 0, True
-    for (side, r), c in coef.items():
-        v = (ovar if side == "o" else bvar).get(r)
-        if v is None:
-            known = False
-            continue
-        within += c * c * v[0]
-        df_within += v[1]
-    # blocks that share their neighbours (A B | B A: both B blocks sit between the same two A blocks) are not
-    # independent: the spread is taken over such clusters' means, one unit each
-    clusters: dict[frozenset[int], list[float]] = {}
-    for (_r, nb), di in zip(weights.items(), d, strict=True):
-        clusters.setdefault(frozenset(nb), []).append(float(di))
-    units = np.array([np.mean(v) for v in clusters.values()])
-    k = units.size
-    spread = float(np.var(units, ddof=1)) / k if k >= 2 else float("nan")
-    if k >= 2 and (not known or spread >= within):
-        var, df, dominated = spread, k - 1, True
+    known = all(r in bvar and r in ovar for r in rounds)
+    within = sum(bvar[r][0] + ovar[r][0] for r in rounds) / n**2 if known else float("nan")
+    df_within = sum(bvar[r][1] + ovar[r][1] for r in rounds) if known else 0
+    spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
+    if n >= 2 and (not known or spread >= within):
+        var, df, dominated = spread, n - 1, True
     elif known and df_within >= 1:
         var, df, dominated = within, df_within, False
     else:

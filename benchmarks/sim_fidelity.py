@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 
-from specsweep.sim.calibrate import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
 from specsweep.sim.predict import simulate_level
 from specsweep.sim.profile import load_profile
 

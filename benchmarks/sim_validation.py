@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from specsweep.sim.calibrate import (  # noqa: E402  (run from a checkout, package not installed)
+from specsweep.sim.fit import (  # noqa: E402  (run from a checkout, package not installed)
     Target,
     load_targets,
     seed_csv_path,

@@ -85,7 +85,7 @@ def test_sglang_forms() -> None:
 def test_sim_schedule_and_document() -> None:
     ar = _arm([1.2, 1.1, 0.9], _x(3.0, 2.4, 4.0, ("within",) * 3), [{"direction": "down"}])
     result = {"experiment": "e", "variant": "sim", "source": "simulated", "arms": {"eagle3": ar}}
-    doc = policy_document(result, "sim")
+    doc = policy_document(result, "sim", variant_cfg={"profile": "demo"})
     entry = doc["arms"]["eagle3"]
     assert entry["threshold"] == 2 and "sim" in entry
     # the demo profile drafts 3 tokens: speculate with 3 up to 2 running requests, then not at all
@@ -132,3 +132,29 @@ def test_inconclusive_verdict_writes_no_threshold() -> None:
     ar["verdict"] = {"kind": "crossover", "reason": "", "add_levels": [], "remeasure_levels": [], "notes": []}
     entry = policy_document({"arms": {"eagle3": ar}}, "vllm")["arms"]["eagle3"]
     assert entry["threshold"] == 1 and entry["verdict"] == "crossover" and "vllm" in entry
+
+
+def test_no_usable_levels_is_no_threshold_with_its_reason() -> None:
+    """No level with a speedup is no evidence: no threshold (None) and why, not N=0 ("never speculate"),
+    which a policy would serve as a decision (issue 28)."""
+    nothing = _arm([], None)
+    t = choose_threshold(nothing)
+    assert t["threshold"] is None and "no usable levels" in t["reason"], t
+    assert t["candidates"] == {"level_lower_bound": None, "crossover_lower": None}, t
+    assert choose_threshold(nothing, "level_lower_bound")["threshold"] is None
+    # the lowest level without an interval: the level rule cannot say either
+    assert choose_threshold(_arm([None, 1.3], None), "level_lower_bound")["threshold"] is None
+    entry = policy_document({"arms": {"eagle3": nothing}}, "vllm")["arms"]["eagle3"]
+    assert entry["threshold"] is None and "no usable levels" in entry["reason"] and "vllm" not in entry, entry
+
+
+def test_sim_policy_without_a_profile_invents_no_draft_length() -> None:
+    """A sim variant that names no profile has no known draft length: said so, no schedule, not the demo
+    profile's K (issue 28). A validated config always names one (the schema's default)."""
+    out = engine_policy("sim", 2, {}, {}, 10)
+    assert "num_speculative_tokens_per_batch_size" not in out and "server_args" not in out, out
+    assert "profile" in out["note"], out
+    assert engine_policy("sim", 2, {}, {"profile": "demo"}, 10)["num_speculative_tokens_per_batch_size"] == [
+        [1, 2, 3],
+        [3, 1024, 0],
+    ]

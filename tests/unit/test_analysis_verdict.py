@@ -77,6 +77,16 @@ def test_clean_variant_is_a_crossover_with_a_threshold() -> None:
     assert t["threshold"] == math.floor(x["lo"]) and t["verdict"] == "crossover"
 
 
+def test_outputs_never_compared_are_said_so_not_taken_as_equal() -> None:
+    """Cells without recorded outputs (virtual-time, older cells): output_match None at each level and a verdict
+    note that outputs were not compared, never a share of 1.0 taken for "same output" (issue 28)."""
+    ar = _arm(_cells(DENSE, _falls), DENSE)
+    assert all(r["output_match"] is None for r in ar["per_level"]), ar["per_level"]
+    assert ar["output_match_min"] is None
+    assert any("outputs not compared" in n for n in ar["verdict"]["notes"]), ar["verdict"]["notes"]
+    assert not any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+
+
 def test_wide_gap_widens_the_interval() -> None:
     """A crossing between C=10 and C=30: linear-in-C and PCHIP disagree with log-linear, and the interval
     takes their envelope."""

@@ -73,6 +73,9 @@ def test_configured_k_and_flags() -> None:
     assert configured_k("vllm", {}, NGRAM) == 3
     assert configured_k("sglang", {}, EAGLE) == 3
     assert configured_k("sim", {}, [], "demo") == 3
+    # no profile named: the draft length is unknown (None, which the schedule reports), not the demo profile's
+    assert configured_k("sim", {}, [], None) is None
+    assert configured_k("sim", {}, ["--draft-tokens", "2"], None) == 2
     assert configured_k("vllm", {"draft_length": 5}, NGRAM) == 5
     assert set_flag(["--a", "1", "--b", "--a=2"], "--a", "3") == ["--b", "--a", "3"]
     assert threshold_schedule(0, 3, 64) == [[1, 64, 0]] and threshold_schedule(64, 3, 64) == [[1, 64, 3]]

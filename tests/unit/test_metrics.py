@@ -345,3 +345,15 @@ def test_other_processes_are_judged_above_the_tick_counters_resolution() -> None
     assert not busy["valid"] and any("machine busy" in r and "±2%" in r for r in busy["reasons"]), busy
     within = valid(good_cell(), client={**QUIET, "foreign_cpu_share": 0.11, "foreign_cpu_resolution": 0.02})
     assert within["valid"] and not [f for f in within["flags"] if "not judged" in f], within
+
+
+def test_client_cpu_and_machine_busy_gates_flag_a_missing_figure() -> None:
+    """Every gate judges or says it did not: a client without CPU accounting, or a server whose CPU time was not
+    read, is flagged "not judged: ... missing" (as the run-queue gate flags a missing schedstat), not passed in
+    silence (issue 28)."""
+    v = valid(good_cell(), client={**QUIET, "busy_share": None})
+    assert v["valid"] and any("client saturation not judged" in f and "missing" in f for f in v["flags"]), v
+    v = valid(good_cell(), client={**QUIET, "foreign_cpu_share": None})
+    assert v["valid"] and any("machine busy not judged" in f and "missing" in f for f in v["flags"]), v
+    known = valid(good_cell(), client={**QUIET, "foreign_cpu_share": 0.01, "foreign_cpu_resolution": 0.01})
+    assert not [f for f in known["flags"] if "not judged" in f], known

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from specsweep.sim import calibrate as cal
+from specsweep.sim import fit
 from specsweep.sim.bounds import check_profile
 from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
-from specsweep.sim.profile import load_profile
+from specsweep.sim.profile import dump_profile, load_profile
 
 pytestmark = pytest.mark.unit
 
@@ -29,14 +30,14 @@ PERTURB = {
 def test_calibrate_cli_to_seed_table_within_6_percent_inside_physical_bounds(tmp_path, capsys):
     base = load_profile("kimi-k25-cu130-fusion").with_params(PERTURB)
     base_path = tmp_path / "base.yaml"
-    cal.dump_profile(base, base_path)
+    dump_profile(base, base_path)
     out = tmp_path / "fitted.yaml"
     parser = argparse.ArgumentParser()
     cal.add_arguments(parser)
     args = parser.parse_args(
         [
             "--measured",
-            str(cal.seed_csv_path()),
+            str(fit.seed_csv_path()),
             "--profile",
             str(base_path),
             "--out",
@@ -54,11 +55,11 @@ def test_calibrate_cli_to_seed_table_within_6_percent_inside_physical_bounds(tmp
     fitted = load_profile(out)
     assert check_profile(fitted, list(fitted.reference["uncertainty"]["params"])) == []
     assert fitted.name == "fitted" and fitted.illustrative is False
-    targets = cal.load_targets(cal.seed_csv_path(), "eagle3", cal.workload_of(fitted))
+    targets = fit.load_targets(fit.seed_csv_path(), "eagle3", fit.workload_of(fitted))
     assert len(targets) == 9  # the cuda13-fusion stack: 8 levels + its single-stream figure
     for t in targets:
         # the bounds cost fit quality: the KV-read cost may not absorb the C=1 gap (rms 2.8%, worst 5.2%)
-        assert abs(cal.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.06, t.label
+        assert abs(fit.simulated_tok_s(fitted, t) / t.tok_s - 1) <= 0.06, t.label
 
 
 def _write_cell(root, variant, arm, c, tok_s, w, n_requests, key="output_tok_s_steady", stagger=True):
@@ -85,7 +86,7 @@ def test_few_baseline_cells_give_the_baseline_curve(tmp_path):
     """Truth: a profile; measured (as the pipeline measures: staggered slots, steady window): its speculative
     sweep + 3 baseline cells; fit from a perturbed base."""
     truth = load_profile("kimi-k25-cu130-fusion").with_params({"step.per_context_token_s": 0.0000002})
-    w = cal.workload_of(truth)
+    w = fit.workload_of(truth)
     n = {c: requests_for_level(c, w["requests_per_concurrency"], w["requests_floor"]) for c in DEFAULT_LEVELS}
 
     def true_tok_s(spec: bool, c: int) -> float:
@@ -96,10 +97,10 @@ def test_few_baseline_cells_give_the_baseline_curve(tmp_path):
     for c in (1, 10, 100):
         _write_cell(tmp_path, "sim", "baseline", c, true_tok_s(False, c), w, n[c])
     base = truth.with_params(PERTURB)
-    targets = cal.load_targets(tmp_path, "eagle3", w, variant="sim")
+    targets = fit.load_targets(tmp_path, "eagle3", w, variant="sim")
     assert len(targets) == 11
     assert all(t.stagger and t.throughput == "steady" for t in targets)
-    fitted, pairs = cal.fit_profile(base, targets)
+    fitted, pairs = fit.fit_profile(base, targets)
     assert max(abs(s / t.tok_s - 1) for t, s in pairs) <= 0.05
     for c in DEFAULT_LEVELS:
         got = simulate_level(fitted, False, c, n[c], w["input_tokens"], w["output_tokens"]).aggregate_tok_s
@@ -110,7 +111,7 @@ def test_cells_are_simulated_the_way_they_were_measured(tmp_path):
     """New cells: ramp (if workload.stagger) and the steady window; cells from before the stagger (no key):
     no ramp and the whole-level figure, whose definition did not change; CSV rows: the reference workload."""
     p = load_profile("demo")
-    w = cal.workload_of(p)
+    w = fit.workload_of(p)
     _write_cell(tmp_path, "v", "baseline", 10, 1000.0, w, 40, stagger=True)
     _write_cell(tmp_path, "v", "eagle3", 10, 1100.0, w, 40, stagger=False)
     _write_cell(
@@ -124,19 +125,19 @@ def test_cells_are_simulated_the_way_they_were_measured(tmp_path):
         key=("output_tok_s_steady", "output_tok_s_total"),
         stagger=None,
     )
-    got = {(t.speculative, t.concurrency): t for t in cal.load_targets(tmp_path, "eagle3", w)}
+    got = {(t.speculative, t.concurrency): t for t in fit.load_targets(tmp_path, "eagle3", w)}
     assert got[(False, 10)].stagger is True and got[(False, 10)].throughput == "steady"
     assert got[(True, 10)].stagger is False and got[(True, 10)].throughput == "steady"
     old = got[(False, 5)]
     assert (old.stagger, old.throughput, old.tok_s, old.n_requests) == (False, "total", 700.0, 10)
     assert old.input_tokens == w["input_tokens"]
     lp = simulate_level(p, False, 5, 10, w["input_tokens"], w["output_tokens"], stagger=False)
-    assert cal.simulated_tok_s(p, old) == lp.aggregate_total_tok_s
+    assert fit.simulated_tok_s(p, old) == lp.aggregate_total_tok_s
     new = got[(False, 10)]
     lp = simulate_level(p, False, 10, 40, w["input_tokens"], w["output_tokens"], stagger=True)
-    assert lp.ramp_requests == 10 and cal.simulated_tok_s(p, new) == lp.aggregate_tok_s
+    assert lp.ramp_requests == 10 and fit.simulated_tok_s(p, new) == lp.aggregate_tok_s
     # The seed table was taken without a ramp and holds whole-level figures (the Kimi reference workload).
-    kimi = cal.workload_of(load_profile("kimi-k25-cu130-fusion"))
+    kimi = fit.workload_of(load_profile("kimi-k25-cu130-fusion"))
     assert (kimi["stagger"], kimi["throughput"]) == (False, "total")
-    seed = cal.load_targets(cal.seed_csv_path(), "eagle3", kimi)
+    seed = fit.load_targets(fit.seed_csv_path(), "eagle3", kimi)
     assert all(not t.stagger and t.throughput == "total" for t in seed)

@@ -14,7 +14,8 @@ from specsweep.analysis import crossover
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import defaults
 from specsweep.sim import predict as predict_mod
-from specsweep.sim.calibrate import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.sim import predict_cli
+from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
 from specsweep.sim.predict import (
     DEFAULT_LEVELS,
     WORKLOAD_DEFAULTS,
@@ -156,23 +157,23 @@ def test_single_stream_numbers_within_5_percent(profile, speculative, measured):
 
 def test_predict_cli_json(capsys):
     parser = argparse.ArgumentParser()
-    predict_mod.add_arguments(parser)
-    assert predict_mod.run(parser.parse_args(["--concurrency", "1,10,100", "--json"])) == 0
+    predict_cli.add_arguments(parser)
+    assert predict_cli.run(parser.parse_args(["--concurrency", "1,10,100", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert [b["concurrency"] for b in out["baseline"]] == [1, 10, 100]
     assert len(out["crossovers"]) == 1 and out["illustrative"] is True
     assert out["workload"] == WORKLOAD_DEFAULTS  # demo has no reference workload: the pipeline's defaults
     assert [b["n_requests"] for b in out["baseline"]] == [8, 40, 400]
     assert [b["ramp_requests"] for b in out["speculative"]] == [1, 10, 100]
-    assert predict_mod.run(parser.parse_args(["--concurrency", "10", "--no-stagger", "--json"])) == 0
+    assert predict_cli.run(parser.parse_args(["--concurrency", "10", "--no-stagger", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["workload"]["stagger"] is False and out["baseline"][0]["ramp_requests"] == 0
     # A profile's reference workload sets the sizes and request counts, not the stagger (that of its seed).
     args = parser.parse_args(["--profile", "kimi-k25-cu130-fusion", "--concurrency", "1", "--json"])
-    predict_mod.resolve_workload(args, load_profile("kimi-k25-cu130-fusion"))
+    predict_cli.resolve_workload(args, load_profile("kimi-k25-cu130-fusion"))
     assert (args.input_tokens, args.requests_per_concurrency, args.requests_floor, args.stagger) == (2048, 2, 30, True)
     assert (
-        predict_mod.run(
+        predict_cli.run(
             parser.parse_args(
                 ["--profile", "kimi-k25-cu130-fusion", "--output-tokens", "512", "--concurrency", "1,250"]
             )

@@ -9,7 +9,7 @@ import sys
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve-sim": ("specsweep.sim.server", "run the simulated engine server (OpenAI + SGLang APIs)"),
-    "predict": ("specsweep.sim.predict", "predict a sweep and its crossover in virtual time"),
+    "predict": ("specsweep.sim.predict_cli", "predict a sweep and its crossover in virtual time"),
     "plan": ("specsweep.sim.plan", "plan a config's sweep in virtual time: levels, GPU time, interval width"),
     "calibrate": ("specsweep.sim.calibrate", "fit a simulated-engine profile to measured cells"),
     "bench": ("specsweep.client.bench", "measure a running server at several concurrency levels"),

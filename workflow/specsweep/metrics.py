@@ -497,7 +497,9 @@ def validity(
     reasons: list[str] = []
     flags: list[str] = []
     c = m["client"]
-    if c["busy_share"] is not None and c["busy_share"] > gates["max_client_cpu_share"]:
+    if c["busy_share"] is None:
+        flags.append("client saturation not judged: its CPU share is missing (no CPU accounting from the client)")
+    elif c["busy_share"] > gates["max_client_cpu_share"]:
         reasons.append(
             f"client saturated: its own work used {c['busy_share']:.0%} of its CPU "
             f"> {gates['max_client_cpu_share']:.0%} (fewer streams per client, or a faster client CPU)"
@@ -515,13 +517,18 @@ def validity(
             "the client can be starved (give them separate CPUs: client.cpus, variants.<name>.cpus)"
         )
     foreign, resolution = c.get("foreign_cpu_share"), c.get("foreign_cpu_resolution") or 0.0
-    if foreign is not None and foreign - resolution > gates["max_foreign_cpu_share"]:
+    if foreign is None:
+        flags.append(
+            "machine busy not judged: other processes' CPU share is missing (the server's CPU time was not read: "
+            "a server on another host, or no CPU accounting from the client)"
+        )
+    elif foreign - resolution > gates["max_foreign_cpu_share"]:
         reasons.append(
             f"machine busy: other processes used {foreign:.0%} (±{resolution:.0%}: clock ticks) of the "
             f"measurement's CPUs > {gates['max_foreign_cpu_share']:.0%} (the engine and client shared them with "
             "other work)"
         )
-    elif foreign is not None and resolution >= gates["max_foreign_cpu_share"]:
+    elif resolution >= gates["max_foreign_cpu_share"]:
         flags.append(
             f"other processes' CPU share not judged: the repeat is too short for the clock-tick counters "
             f"(±{resolution:.0%} >= {gates['max_foreign_cpu_share']:.0%}; longer windows: workload.requests)"

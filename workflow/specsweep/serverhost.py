@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.io import atomic_write_json
+from specsweep.liveness import owner_alive
 
 HOST_ENV = "SPECSWEEP_SERVER_HOST"  # the inbox folder of this job's server host
 POLL_S = 0.05
@@ -70,8 +71,6 @@ def request(box: Path, argv: list[str], log_path: Path) -> None:
 
 def serve(box: Path, owner_pid: int, owner_started: float) -> int:
     """Start what the inbox asks for until the owner is gone or a stop is asked."""
-    from specsweep.servers import owner_alive
-
     stop = {"asked": False}
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -33,6 +33,7 @@ import psutil
 
 from specsweep.engines.base import ServerSpec
 from specsweep.io import atomic_write_json, file_lock, tail_lines
+from specsweep.liveness import owner_alive, process_started
 from specsweep.redact import redact_argv, redact_text, unredact_argv
 from specsweep.serverhost import HOST_ENV, inbox, request
 
@@ -116,22 +117,6 @@ def log_event(state_dir: Path, event: str, **fields: Any) -> None:
 
 
 # ---------------------------------------------------------------- processes
-
-
-def process_started(pid: int) -> float | None:
-    """Start time of a live process (guards against pid reuse), None if it is gone."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except psutil.Error:
-        return None
-
-
-def owner_alive(pid: int, started: float) -> bool:
-    now = process_started(pid)
-    return now is not None and abs(now - started) < 1.0
 
 
 def kill_tree(pid: int, grace_s: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.analysis import decisions
+from specsweep.analysis.variant import analyze_cells
 from specsweep.config import defaults, load_arg
 from specsweep.io import atomic_write_json
 
@@ -163,8 +164,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specsweep.analysis.cli import analyze_cells
-
     decision, config = load_arg(args.adaptive), load_arg(args.judging)
     key = decision_key(decision, args.round, args.summaries)
     plan = decisions.kept(args.out.parent, f"round{args.round}", key)

@@ -626,7 +626,10 @@ def analyze_arm(
         symbol=sym,
         integer=settings.load == "closed",
     )
-    differ = [r for r in per_level if (r.get("output_match") or {}).get("share", 1.0) < settings.min_output_match]
+    # None: the two cells' outputs were never compared (one recorded none: virtual-time or older cells); said
+    # so below, never counted as equal
+    compared = [r for r in per_level if r.get("output_match") is not None]
+    differ = [r for r in compared if r["output_match"]["share"] < settings.min_output_match]
     if differ:
         worst = min(differ, key=lambda r: r["output_match"]["share"])
         fd = worst["output_match"]["first_difference"] or {}
@@ -637,7 +640,13 @@ def analyze_arm(
             f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text "
             "is not the same service; check the draft and verify path"
         )
-    shares = [r["output_match"]["share"] for r in per_level if r.get("output_match")]
+    not_compared = [r["concurrency"] for r in per_level if "output_match" in r and r["output_match"] is None]
+    if not_compared:
+        verdict["notes"].append(
+            f"outputs not compared at {sym}={levels_text(not_compared)}: a cell there recorded no outputs "
+            '(virtual-time or older cells), so "same output, only faster" is not checked there'
+        )
+    shares = [r["output_match"]["share"] for r in compared]
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
     if included_invalid:
         verdict["notes"].append(f"{sym}={levels_text(included_invalid)} invalid but included (include_invalid)")

@@ -86,22 +86,31 @@ def choose_threshold(
     if running and metric == arm_result["primary_metric"]:  # open/trace sweep: N counts running requests
         levels = [v if v is not None else math.nan for v in running["levels"]]
         x = running["crossover"]
-    cand: dict[str, int] = {}
+    # None: no evidence to choose N from (never 0, which a policy would serve as "do not speculate")
+    cand: dict[str, int | None] = {}
     reasons: dict[str, str] = {}
     # level rule: contiguous from the bottom, lower bound >= 1
-    n_level = 0
-    for c, lo in zip(levels, m["speedup_lo"], strict=True):
-        if lo is None or lo < 1.0 or not math.isfinite(c):
-            break
-        n_level = int(math.floor(c))
-    cand["level_lower_bound"] = n_level
-    reasons["level_lower_bound"] = (
-        f"largest measured level with every level up to it having speedup lower bound >= 1: {n_level}"
-        if n_level
-        else "speedup lower bound < 1 (or no interval) already at the lowest level"
-    )
+    lows = list(zip(levels, m["speedup_lo"], strict=True))
+    if not lows or lows[0][1] is None or not math.isfinite(lows[0][0]):
+        cand["level_lower_bound"] = None
+        reasons["level_lower_bound"] = (
+            "no usable levels: no threshold" if not lows else "no speedup interval at the lowest level: no threshold"
+        )
+    else:
+        n_level = 0
+        for c, lo in lows:
+            if lo is None or lo < 1.0 or not math.isfinite(c):
+                break
+            n_level = int(math.floor(c))
+        cand["level_lower_bound"] = n_level
+        reasons["level_lower_bound"] = (
+            f"largest measured level with every level up to it having speedup lower bound >= 1: {n_level}"
+            if n_level
+            else "speedup lower bound < 1 already at the lowest level"
+        )
     if not x:
-        cand["crossover_lower"], reasons["crossover_lower"] = 0, "no usable levels"
+        cand["crossover_lower"] = None
+        reasons["crossover_lower"] = "no usable levels (no level with a speedup): no threshold"
     else:
         state = x["states"]["lo"]
         if state == "below_range":
@@ -168,10 +177,19 @@ def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
 
 
 def _sim(n: int, variant: dict[str, Any], max_level: float) -> dict[str, Any]:
-    """The simulated engine applies the same schedule per step as vLLM (`serve-sim --spec-schedule`)."""
+    """The simulated engine applies the same schedule per step as vLLM (`serve-sim --spec-schedule`). K is
+    the variant's profile's draft length; a variant without a profile (a validated config always has one, the
+    schema's default) gets no schedule, as a vLLM arm without num_speculative_tokens gets none."""
     from specsweep.sim.profile import load_profile
 
-    k = load_profile(variant.get("profile") or "demo").speculative.draft_tokens
+    if not variant.get("profile"):
+        return {
+            "note": (
+                "the variant names no profile, so its draft length is unknown: no schedule written; "
+                "set variants.<name>.profile (or pass the validated config)"
+            )
+        }
+    k = load_profile(variant["profile"]).speculative.draft_tokens
     sched = threshold_schedule(n, k, max(1024, int(max_level)))
     return {
         "num_speculative_tokens_per_batch_size": sched,
@@ -293,6 +311,17 @@ def policy_document(
                 "reason": t["reason"],
                 "add_levels": list(inc.get("add_levels") or []),
                 "remeasure_levels": list(inc.get("remeasure_levels") or []),
+                "crossover": crossover,
+            }
+            continue
+        if t["threshold"] is None:  # no evidence to choose N from: no engine form either
+            doc["arms"][name] = {
+                "threshold": None,
+                "verdict": t["verdict"],
+                "rule": t["rule"],
+                "metric": t["metric"],
+                "reason": t["reason"],
+                "candidates": t["candidates"],
                 "crossover": crossover,
             }
             continue

@@ -30,6 +30,7 @@ from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import best_fixed
+from specsweep.analysis.variant import analyze_cells
 from specsweep.config import load_arg, server_args
 from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
 from specsweep.io import atomic_write_json
@@ -209,8 +210,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specsweep.analysis.cli import analyze_cells
-
     decision, config = load_arg(args.decision), load_arg(args.judging)
     key = decisions.decision_key(decision, args.summaries)
     doc = decisions.kept(args.out.parent, "schedule", key)

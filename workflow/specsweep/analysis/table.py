@@ -91,7 +91,8 @@ def _policy_line(name: str, ar: dict[str, Any], rule: str) -> str:
         todo.append(f"add levels: {levels_text(v['add_levels'])}")
     if v.get("remeasure_levels"):
         todo.append(f"re-measure: {levels_text(v['remeasure_levels'])}")
-    return f"{name}: policy: INCONCLUSIVE, no threshold ({t['reason']})" + ("; " + "; ".join(todo) if todo else "")
+    what = "INCONCLUSIVE, no threshold" if t["verdict"] == "inconclusive" else "no threshold"
+    return f"{name}: policy: {what} ({t['reason']})" + ("; " + "; ".join(todo) if todo else "")
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -214,7 +214,8 @@ def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: 
 
 def configured_k(engine: str, arm: dict[str, Any], argv: list[str], profile: str | None = None) -> int | None:
     """The draft length an arm runs with: its `draft_length`, else what its engine flags say (vLLM
-    num_speculative_tokens; SGLang steps, topk 1; the simulator's --draft-tokens or its profile's)."""
+    num_speculative_tokens; SGLang steps, topk 1; the simulator's --draft-tokens or its profile's). None when
+    unknown (no profile named for the simulator, too): the schedule then says so instead of inventing one."""
     if arm.get("draft_length") is not None:
         return int(arm["draft_length"])
     if engine == "vllm":
@@ -231,9 +232,11 @@ def configured_k(engine: str, arm: dict[str, Any], argv: list[str], profile: str
         v = flag_value(argv, "--draft-tokens")
         if v is not None:
             return int(v)
+        if not profile:
+            return None
         from specsweep.sim.profile import load_profile
 
-        return load_profile(profile or "demo").speculative.draft_tokens
+        return load_profile(profile).speculative.draft_tokens
     return None
 
 

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from specsweep.sim.calibrate import Target, load_targets, mean_field_tok_s, seed_csv_path, workload_of
+from specsweep.sim.fit import Target, load_targets, mean_field_tok_s, seed_csv_path, workload_of
 from specsweep.sim.profile import Profile, load_profile
 from specsweep.sim.uncertainty import identify
 

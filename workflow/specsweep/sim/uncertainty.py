@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from specsweep.sim.bounds import Bound, parameter_bounds
-from specsweep.sim.calibrate import (
+from specsweep.sim.fit import (
     DEFAULT_PARAMS_BASELINE,
     DEFAULT_PARAMS_SPECULATIVE,
     Target,

@@ -73,3 +73,15 @@ def no_leftover_servers():
         with contextlib.suppress(psutil.Error):  # already gone
             p.kill()
     assert not left, f"server processes left behind: {[p.pid for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def keeps_the_cpus_it_was_given() -> Iterator[None]:
+    """A test that pins this process (a cell or `bench` run in-process) must give its CPUs back: a test runner left
+    on one core ran every later tier there, and the SLURM tier's node came up with 1 CPU, too few for its jobs."""
+    before = os.sched_getaffinity(0)
+    yield
+    after = os.sched_getaffinity(0)
+    if after != before:
+        os.sched_setaffinity(0, before)
+        pytest.fail(f"the test left the test process on CPUs {sorted(after)} (it had {sorted(before)})")

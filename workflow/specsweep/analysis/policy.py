@@ -314,17 +314,6 @@ def policy_document(
                 "crossover": crossover,
             }
             continue
-        if t["threshold"] is None:  # no evidence to choose N from: no engine form either
-            doc["arms"][name] = {
-                "threshold": None,
-                "verdict": t["verdict"],
-                "rule": t["rule"],
-                "metric": t["metric"],
-                "reason": t["reason"],
-                "candidates": t["candidates"],
-                "crossover": crossover,
-            }
-            continue
         entry: dict[str, Any] = {
             "threshold": t["threshold"],
             "verdict": t["verdict"],
@@ -334,6 +323,9 @@ def policy_document(
             "candidates": t["candidates"],
             "crossover": crossover,
         }
+        if t["threshold"] is None:  # no evidence to choose N from: no engine form either
+            doc["arms"][name] = entry
+            continue
         if t["upward_crossing"]:
             entry["warning"] = (
                 "speculation loses at low load and wins higher up on this stack: a "

@@ -54,8 +54,12 @@ def main() -> int:
     version = args.version or (pinned.group(1) if args.smoke and pinned else None) or newest_version()
     recipe_dir = args.envs_root / "recipes"
     recipe_dir.mkdir(parents=True, exist_ok=True)
-    recipe = recipe_dir / f"sglang-args-{version}.txt"
-    recipe.write_text(re.sub(r"^sglang==\S+", f"sglang=={version}", SGLANG_RECIPE.read_text(), flags=re.MULTILINE))
+    if args.smoke:  # the engine_args tier's own recipe, so its environment (by path and content) is reused
+        recipe = SGLANG_RECIPE
+    else:
+        recipe = recipe_dir / f"sglang-args-{version}.txt"
+        pinned_to = re.sub(r"^sglang==\S+", f"sglang=={version}", SGLANG_RECIPE.read_text(), flags=re.MULTILINE)
+        recipe.write_text(pinned_to)
     with open(recipe_dir / f"sglang-args-{version}.log", "a") as log:
         python = envbuild.ensure_env(recipe, args.envs_root, log)
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 from time import monotonic
 
-import numpy as np
-
 from specsweep.aio import cancel_and_wait
 
 
@@ -47,16 +45,3 @@ class LoopLagMonitor:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def lag_stats(samples: list[float] | np.ndarray) -> dict[str, float | int | None]:
-    """p50/p99/max of lag samples in milliseconds (None when there are none)."""
-    a = np.asarray(samples, dtype=float)
-    if a.size == 0:
-        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {
-        "n": int(a.size),
-        "p50_ms": float(np.percentile(a, 50) * 1e3),
-        "p99_ms": float(np.percentile(a, 99) * 1e3),
-        "max_ms": float(a.max() * 1e3),
-    }

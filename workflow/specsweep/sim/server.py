@@ -54,11 +54,6 @@ def output_words(tokens: list[str], n: int, corrupt: bool = False) -> list[str]:
     return words
 
 
-def count_tokens(text: str) -> int:
-    """The sim tokenizer: one token per whitespace-separated word."""
-    return len(text.split())
-
-
 def prompt_words(text: Any) -> list[str]:
     """A prompt's tokens (words), from text, a list of texts or a list of token ids."""
     if isinstance(text, list):

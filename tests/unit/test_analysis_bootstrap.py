@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specsweep.analysis.analyze import INTERVAL_NOTE_ONE_REPEAT, AnalysisSettings, analyze_variant, slo_seconds
+from specsweep.analysis.analyze import INTERVAL_NOTE_ONE_REPEAT, AnalysisSettings, analyze_variant
 from specsweep.analysis.bootstrap import (
     METRICS,
     block_replicates,
@@ -38,6 +38,7 @@ from specsweep.analysis.synthetic import (
     true_throughput,
     write_synthetic_variant,
 )
+from specsweep.metrics import goodput_rps, slo_seconds
 
 pytestmark = pytest.mark.unit
 
@@ -154,6 +155,8 @@ def test_goodput_with_slo() -> None:
     inside = (req.end_s >= start) & (req.end_s <= end)
     expect = np.sum((req.e2e_s <= 1.0) & inside) / (end - start)
     assert b.point["goodput_rps"] == pytest.approx(expect)
+    # one goodput: the summary's figure of the same records is the same count over the same window
+    assert goodput_rps(df, {"e2e_ms": 1000.0}, start, end) == pytest.approx(expect)
 
 
 def test_request_arrays_use_metrics_definitions_and_leave_out_ramp_rows() -> None:

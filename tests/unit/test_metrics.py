@@ -144,12 +144,19 @@ def test_tokens_per_chunk_distribution() -> None:
     assert tpc["mean"] == pytest.approx(8 / 7) and tpc["max"] == 2
 
 
-def test_goodput() -> None:
-    m = repeat_metrics(cell(), 2, slos={"ttft_ms": 150}, lag_samples=LAG_OK)
-    assert m["goodput_rps"] == pytest.approx(1 / 0.7)  # only request 0 has TTFT <= 150 ms
+def test_goodput_counts_the_requests_that_end_in_the_steady_window() -> None:
+    """Good requests ending inside the steady window [0.5, 0.6], per second of it, as the analysis's bootstrap
+    counts them (tests/unit/test_analysis_bootstrap.py): request 1 ends inside it; request 0, the only one with
+    TTFT <= 150 ms, ends before it and is not counted."""
+    m = repeat_metrics(cell(), 2, slos={"ttft_ms": 500}, lag_samples=LAG_OK)
+    assert m["steady_window"] == {"start_s": 0.5, "end_s": 0.6}
+    assert m["goodput_rps"] == pytest.approx(1 / 0.1)
+    assert repeat_metrics(cell(), 2, slos={"ttft_ms": 150}, lag_samples=LAG_OK)["goodput_rps"] == 0.0
     m = repeat_metrics(cell(), 2, slos={"ttft_ms": 500, "tpot_ms": 120, "e2e_ms": 1000}, lag_samples=LAG_OK)
-    assert m["goodput_rps"] == pytest.approx(1 / 0.7)  # request 1's TPOT is 133 ms
+    assert m["goodput_rps"] == 0.0  # request 1's TPOT is 133 ms
     assert repeat_metrics(cell(), 2, lag_samples=LAG_OK)["goodput_rps"] is None
+    with pytest.raises(ValueError, match="unknown SLO 'itl_ms'"):
+        repeat_metrics(cell(), 2, slos={"itl_ms": 10}, lag_samples=LAG_OK)
 
 
 def test_accept_length_from_records() -> None:

@@ -296,15 +296,32 @@ def accept_length_from_counters(before: Mapping[str, float], after: Mapping[str,
     }
 
 
-def _meets_slos(pr: pd.DataFrame, slos: Mapping[str, float]) -> np.ndarray:
-    ok = np.ones(len(pr), dtype=bool)
-    col = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2e_ms": "e2e"}
-    for key, limit in slos.items():
-        if key not in col:
-            raise ValueError(f"unknown SLO {key!r}; expected one of {SLO_KEYS}")
-        v = pr[col[key]].to_numpy(dtype=float) * 1e3
-        # An undefined TPOT (one output token) has no inter-token time to violate: it meets the SLO.
-        ok &= (v <= limit) | (np.isnan(v) if key == "tpot_ms" else False)
+def slo_seconds(slos: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """SLO limits as seconds keyed ttft_s/tpot_s/e2e_s, from the config's {ttft,tpot,e2e}_ms (or *_s; null = not
+    set); None when none is set. An unknown key is an error naming the known ones."""
+    out: dict[str, float] = {}
+    for key, limit in (slos or {}).items():
+        if limit is None:
+            continue
+        name, _, unit = key.rpartition("_")
+        if name not in ("ttft", "tpot", "e2e") or unit not in ("ms", "s"):
+            raise ValueError(f"unknown SLO {key!r}; expected one of {SLO_KEYS} (or the same in seconds: *_s)")
+        out[f"{name}_s"] = float(limit) * (1e-3 if unit == "ms" else 1.0)
+    return out or None
+
+
+def meets_slos(
+    ttft_s: np.ndarray, tpot_s: np.ndarray, e2e_s: np.ndarray, limits_s: Mapping[str, float] | None
+) -> np.ndarray:
+    """Which requests met every SLO (limits from `slo_seconds`): the one SLO check, for the summary's goodput and
+    the analysis's bootstrap. An undefined TPOT (one output token) has no inter-token time to violate: it meets
+    its SLO."""
+    ok = np.ones(len(ttft_s), dtype=bool)
+    for name, values in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2e_s", e2e_s)):
+        limit = (limits_s or {}).get(name)
+        if limit is not None:
+            v = np.asarray(values, dtype=float)
+            ok &= (v <= limit) | (np.isnan(v) if name == "tpot_s" else False)
     return ok
 
 
@@ -394,15 +411,19 @@ def _span(df: pd.DataFrame) -> float:
     return float(np.nanmax(df["end_s"].to_numpy(dtype=float)) - np.nanmin(df["send_s"].to_numpy(dtype=float)))
 
 
-def goodput_rps(df: pd.DataFrame, slos: Mapping[str, float] | None) -> float | None:
-    """Measured requests per second that met every SLO, over the records' span; None without SLOs."""
-    if not slos:
+def goodput_rps(df: pd.DataFrame, slos: Mapping[str, float] | None, start: float, end: float) -> float | None:
+    """Measured requests that met every SLO and ended inside the steady window [start, end], per second of it:
+    the one goodput (the analysis's bootstrap resamples the same count over the window's blocks). None without
+    SLOs or without a window."""
+    limits = slo_seconds(slos)
+    if not limits or not (end > start):
         return None
-    duration = _span(df)
-    if not duration > 0:
-        return None
+    pr = per_request(df)
+    ends = df["end_s"].to_numpy(dtype=float)
     meas = df["ok"].to_numpy(dtype=bool) & (df["output_tokens"].to_numpy() > 0) & measured(df)
-    return float(_meets_slos(per_request(df)[meas], slos).sum() / duration)
+    meas &= (ends >= start) & (ends <= end)
+    good = meets_slos(*(pr[c].to_numpy(dtype=float)[meas] for c in ("ttft", "tpot", "e2e")), limits)
+    return float(good.sum() / (end - start))
 
 
 def repeat_metrics(
@@ -432,7 +453,7 @@ def repeat_metrics(
     in_window = (sends >= start) & (sends < end)
     total_tokens = int(df["output_tokens"].sum())
     n_ok = int(df["ok"].sum())
-    goodput = goodput_rps(df, slos)
+    goodput = goodput_rps(df, slos, start, end)
     deltas = counter_deltas(*counters) if counters is not None else None
 
     def rate(x: float, t: float) -> float | None:
@@ -738,7 +759,7 @@ def judge(
     for rep in measured_summary["repeats"]:
         r = int(rep["repeat"])
         sub = records[records["repeat"] == r]
-        m = {**rep["metrics"], "goodput_rps": goodput_rps(sub, slos), "slos": dict(slos)}
+        m = {**rep["metrics"], "goodput_rps": goodput_rps(sub, slos, *window(sub, concurrency)), "slos": dict(slos)}
         v = validity(m, sub, concurrency, gates, server_max_running)
         per_rep.append({**rep, "metrics": m, "validity": v})  # what else the repeat recorded is kept
         valid &= v["valid"]

@@ -31,6 +31,7 @@ from specsweep.analysis.outputs import output_match
 from specsweep.analysis.paired import PairedEstimate, paired_estimate
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
+from specsweep.metrics import slo_seconds
 
 __all__ = [
     "INTERVAL_NOTE_ONE_REPEAT",
@@ -42,7 +43,6 @@ __all__ = [
     "decide_verdict",
     "levels_text",
     "payoff_limit",
-    "slo_seconds",
     "suggest_levels",
 ]
 
@@ -55,28 +55,6 @@ SCHEMA_VERSION = 1
 
 
 LEVEL_SYMBOL = {"closed": "C", "open": "rate", "trace": "scale"}  # how texts name a level, by load mode
-
-_SLO_KEYS = {
-    "ttft_ms": "ttft_s",
-    "tpot_ms": "tpot_s",
-    "e2e_ms": "e2e_s",
-    "ttft_s": "ttft_s",
-    "tpot_s": "tpot_s",
-    "e2e_s": "e2e_s",
-}
-
-
-def slo_seconds(slo: dict[str, Any] | None) -> dict[str, float] | None:
-    """Config SLOs ({ttft,tpot,e2e}_ms, null = not set; or *_s) as seconds keyed ttft_s/tpot_s/e2e_s."""
-    out: dict[str, float] = {}
-    for k, v in (slo or {}).items():
-        if v is None:
-            continue
-        if k not in _SLO_KEYS:
-            raise ValueError(f"unknown SLO key {k!r}; expected one of {sorted(_SLO_KEYS)}")
-        out[_SLO_KEYS[k]] = float(v) * (1e-3 if k.endswith("_ms") else 1.0)
-    return out or None
-
 
 _DEFAULTS = defaults("analysis")
 

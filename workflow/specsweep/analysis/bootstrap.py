@@ -34,6 +34,7 @@ import numpy as np
 from scipy import stats as sps
 
 from specsweep.analysis.cells import Cell, RequestArrays, metric_value_any
+from specsweep.metrics import meets_slos
 
 __all__ = [
     "METRICS",
@@ -157,14 +158,8 @@ def _estimate(
         tpot = np.where(ok, req.tpot_s[rows], np.nan)
         out["tpot_p50_s"], out["tpot_p99_s"] = _weighted_quantiles(tpot, w, (0.5, 0.99))
         (out["e2e_p50_s"],) = _weighted_quantiles(e2e, w, (0.5,))
-        if slo:
-            good = ok.copy()
-            for name in ("ttft_s", "tpot_s", "e2e_s"):
-                limit = slo.get(name)
-                if limit is not None:
-                    v = getattr(req, name)[rows]
-                    # an undefined TPOT (one output token) has no inter-token time to violate (as metrics.py)
-                    good &= (v <= float(limit)) | (np.isnan(v) if name == "tpot_s" else False)
+        if slo:  # the summary's goodput (metrics.goodput_rps) over the resampled blocks
+            good = ok & meets_slos(req.ttft_s[rows], req.tpot_s[rows], req.e2e_s[rows], slo)
             out["goodput_rps"] = (w @ good.astype(float)) / length
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -44,14 +45,21 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _schema() -> dict[str, Any]:
+@functools.cache
+def _parsed_schema() -> dict[str, Any]:
+    """The schema, parsed once per process (`defaults()` is called per cell, per judgement and per rule)."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _schema() -> dict[str, Any]:
+    """A copy of the schema the caller may change (the validator fills a config's defaults from it)."""
+    return copy.deepcopy(_parsed_schema())
 
 
 def defaults(*section: str) -> dict[str, Any]:
     """The schema's defaults of one section (e.g. 'gates', or 'workload', 'requests'): the one home of every
     default, so the `bench` command and the pipeline judge cells by the same numbers."""
-    node = _schema()
+    node = _parsed_schema()
     for name in section:
         node = node["properties"][name]
     return {k: copy.deepcopy(v["default"]) for k, v in node["properties"].items() if "default" in v}

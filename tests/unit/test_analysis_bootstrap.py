@@ -29,7 +29,8 @@ from specsweep.analysis.cells import (
     load_cell,
     request_arrays,
 )
-from specsweep.analysis.synthetic import (
+from specsweep.metrics import goodput_rps, slo_seconds
+from tests.support.synthetic import (
     correlated_cell,
     correlated_requests,
     simulate_correlated,
@@ -38,7 +39,6 @@ from specsweep.analysis.synthetic import (
     true_throughput,
     write_synthetic_variant,
 )
-from specsweep.metrics import goodput_rps, slo_seconds
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from specsweep.analysis import cli, compare
-from specsweep.analysis.synthetic import write_synthetic_variant
 from specsweep.config import defaults
+from tests.support.synthetic import write_synthetic_variant
 
 pytestmark = pytest.mark.unit
 

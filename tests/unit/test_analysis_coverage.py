@@ -16,7 +16,7 @@ import pytest
 
 from specsweep.analysis.bootstrap import METRICS, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell
-from specsweep.analysis.synthetic import correlated_cell, simulate_correlated, true_throughput
+from tests.support.synthetic import correlated_cell, simulate_correlated, true_throughput
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from specsweep.analysis.cells import find_cells, load_cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules, level_choices, ranges_from_choices
-from specsweep.analysis.synthetic import write_synthetic_variant
 from specsweep.engines.speculation import threshold_schedule
+from tests.support.synthetic import write_synthetic_variant
 
 pytestmark = pytest.mark.unit
 

@@ -17,8 +17,8 @@ from specsweep.analysis import cli
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, decide_verdict, suggest_levels
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
-from specsweep.analysis.synthetic import correlated_cell, simulate_correlated, write_synthetic_variant
 from tests.support.crossovers import crossover_block
+from tests.support.synthetic import correlated_cell, simulate_correlated, write_synthetic_variant
 
 pytestmark = pytest.mark.unit
 

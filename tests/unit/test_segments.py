@@ -14,8 +14,8 @@ import pytest
 
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
 from specsweep.analysis.cells import load_cell
-from specsweep.analysis.synthetic import correlated_requests, write_synthetic_cell
 from specsweep.segments import merge_level
+from tests.support.synthetic import correlated_requests, write_synthetic_cell
 
 pytestmark = pytest.mark.unit
 

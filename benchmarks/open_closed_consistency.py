@@ -43,7 +43,7 @@ def free_port() -> int:
 def sim_server(speculative: bool) -> Iterator[str]:
     """A simulated engine on 127.0.0.1, pinned to CPU 0; always stopped."""
     port = free_port()
-    argv = [sys.executable, "-m", "specsweep.sim.server", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", "specsweep", "serve-sim", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
         ["taskset", "-c", "0", *argv, *(["--speculative"] if speculative else [])],
         stdout=subprocess.DEVNULL,

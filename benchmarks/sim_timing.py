@@ -1,6 +1,6 @@
 """Real-time fidelity of the simulated server: achieved vs model throughput per level.
 
-Starts `specsweep.sim.server` in a subprocess (its own core), drives it with the sim's own minimal
+Starts `specsweep serve-sim` in a subprocess (its own core), drives it with the sim's own minimal
 closed-loop client (specsweep.sim.loadcheck) and compares the steady-window aggregate throughput with the
 virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1. Both sides use
 the pipeline's staggered slots (C ramp requests, then the measured ones; `--no-stagger` for none) and the

@@ -56,7 +56,7 @@ def sim_server_processes(workdir: Path | None = None) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = p.info.get("cmdline") or []
-        if "specsweep.sim.server" not in cmd:
+        if not any(cmd[i : i + 3] == ["-m", "specsweep", "serve-sim"] for i in range(len(cmd))):
             continue
         cwd = p.info.get("cwd") or ""
         if workdir is None or cwd == str(workdir) or cwd.startswith(str(workdir) + "/"):

@@ -68,7 +68,7 @@ def test_slow_start_past_timeout_fails_with_command_and_log(cells) -> None:
         cells.run(tiny_config(sim_args=["--fault-slow-start-s", "30"], startup_timeout_s=2))
     text = str(err.value)
     assert "not ready within 2 s" in text
-    assert "specsweep.sim.server" in text and "--fault-slow-start-s" in text  # the command line
+    assert "-m specsweep serve-sim" in text and "--fault-slow-start-s" in text  # the command line
     assert "last 50 lines of the server log" in text and "listening on" in text
     assert not sim_server_processes(cells.root)
 

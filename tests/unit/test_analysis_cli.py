@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specsweep.analysis import cli, compare
+from specsweep.cli import main
 from specsweep.config import defaults
 from tests.support.synthetic import write_synthetic_variant
 
@@ -61,8 +61,9 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _crossover(root: Path, variant: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
-    rc = cli.main(
+    rc = main(
         [
+            "crossover",
             "--variant",
             variant,
             "--cells-root",
@@ -119,8 +120,9 @@ def test_crossover_cli_explicit_summaries_and_sglang(
     experiment: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     summaries = sorted(str(p) for p in (experiment / "cu130").glob("*/c*/summary.json"))
-    rc = cli.main(
+    rc = main(
         [
+            "crossover",
             "--variant",
             "cu130",
             "--summaries",
@@ -144,8 +146,9 @@ def test_crossover_cli_explicit_summaries_and_sglang(
 def test_compare_cli(experiment: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _crossover(experiment, "cu128", capsys, "--no-plots")
     _crossover(experiment, "cu130", capsys, "--no-plots")
-    rc = compare.main(
+    rc = main(
         [
+            "compare",
             "--experiment-dir",
             str(experiment),
             "--config",
@@ -173,5 +176,5 @@ def test_compare_cli(experiment: Path, capsys: pytest.CaptureFixture[str], tmp_p
 def test_registered_in_console_command() -> None:
     from specsweep.cli import SUBCOMMANDS
 
-    assert SUBCOMMANDS["crossover"][0] == "specsweep.analysis.cli"
-    assert SUBCOMMANDS["compare"][0] == "specsweep.analysis.compare"
+    assert SUBCOMMANDS["crossover"][0] == "specsweep.cli.crossover"
+    assert SUBCOMMANDS["compare"][0] == "specsweep.cli.compare"

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from specsweep.analysis import cli
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, decide_verdict, suggest_levels
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
+from specsweep.cli import main
 from tests.support.crossovers import crossover_block
 from tests.support.synthetic import correlated_cell, simulate_correlated, write_synthetic_variant
 
@@ -230,7 +230,7 @@ def inconclusive_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_inconclusive_run_writes_no_threshold(inconclusive_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = inconclusive_run
     argv = ["--variant", "v", "--cells-root", str(root / "v"), "--config", str(root / "config.yaml")]
-    assert cli.main([*argv, "--out-dir", str(root / "out"), "--no-plots"]) == 0
+    assert main(["crossover", *argv, "--out-dir", str(root / "out"), "--no-plots"]) == 0
     out = capsys.readouterr().out
     res = json.loads((root / "out" / "crossover.json").read_text())
     ar = res["arms"]["eagle3"]

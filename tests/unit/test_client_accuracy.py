@@ -34,7 +34,8 @@ def _start_sim(*extra: str) -> tuple[subprocess.Popen[str], str]:
         [
             sys.executable,
             "-m",
-            "specsweep.sim.server",
+            "specsweep",
+            "serve-sim",
             "--host",
             "127.0.0.1",
             "--port",

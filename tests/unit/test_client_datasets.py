@@ -3,6 +3,7 @@ disjoint sets, the dataset's hash, and chat requests against the simulated engin
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import hashlib
@@ -18,6 +19,7 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from specsweep.cell import CellError, chat_render, client_variant, run_cell
+from specsweep.cli import bench as bench_cli
 from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.datasets import Dataset, DatasetError, load_dataset
@@ -365,8 +367,8 @@ def test_bench_takes_the_same_datasets(tmp_path: Path, capsys: pytest.CaptureFix
     for i, r in enumerate(rows):
         r["conversations"][-2 if len(r["conversations"]) > 2 else 0]["value"] += f" n{i}"  # distinct asks
     f = write(tmp_path / "sg.json", rows, jsonl=False)
-    parser = bench.argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
     common = ["--concurrency", "2", "--warmup", "1", "--output-tokens", "6", "--requests-floor", "4"]
     common += ["--dataset", str(f), "--dataset-format", "sharegpt", "--dataset-chat", "history"]
 
@@ -375,13 +377,13 @@ def test_bench_takes_the_same_datasets(tmp_path: Path, capsys: pytest.CaptureFix
             ["--url", url, *common, "--backend", "openai", "--endpoint", "chat", "--engine", "sim"]
             + ["--out", str(tmp_path / "out"), "--client-cpus", "none"]
         )
-        return await bench._bench(args)
+        return await bench.bench(args)
 
     assert with_sim(go) in (0, 1)  # 1: some gate failed on a busy machine; the workload is what is checked here
     w = json.loads((tmp_path / "out" / "c2" / "summary.json").read_text())["workload"]
     assert w["dataset"] == "sg" and w["dataset_chat"] == "history" and w["endpoint"] == "chat"
     args = parser.parse_args(["--url", "http://127.0.0.1:9", *common])  # conversations on completions
-    assert asyncio.run(bench._bench(args)) == 2
+    assert asyncio.run(bench.bench(args)) == 2
     assert "set workload.endpoint: chat" in capsys.readouterr().err
 
 

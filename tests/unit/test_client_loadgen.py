@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ import aiohttp
 import pandas as pd
 import pytest
 
+from specsweep.cli import bench as bench_cli
 from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec
 from specsweep.client.datasets import DatasetError, load_dataset
@@ -200,8 +202,8 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
 
     async def go() -> int:
         async with fake_server(FlushState()) as url:  # a fake SGLang: /flush_cache answers
-            p = bench.argparse.ArgumentParser()
-            bench.add_arguments(p)
+            p = argparse.ArgumentParser()
+            bench_cli.add_arguments(p)
             args = p.parse_args(
                 [
                     "--url",
@@ -224,7 +226,7 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
                     "1000",
                 ]
             )
-            return await bench._bench(args)
+            return await bench.bench(args)
 
     rc = asyncio.run(go())
     for c, n in ((1, 8), (2, 8)):  # the schema's floor of 8 measured requests, plus C ramp requests

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specsweep import fingerprint as fp
+from specsweep.cli import fingerprint as fp_cli
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +70,7 @@ def test_cli_writes_json_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     recipe.write_text("# empty\n")
     out = tmp_path / "results" / "exp" / "envs" / "v.json"
     p = argparse.ArgumentParser()
-    fp.add_arguments(p)
+    fp_cli.add_arguments(p)
     args = p.parse_args(
         [
             "--engine",
@@ -86,7 +87,7 @@ def test_cli_writes_json_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "MY_TOKEN=" + SECRET,
         ]
     )
-    assert fp.run(args) == 0
+    assert fp_cli.run(args) == 0
     text = out.read_text()
     assert SECRET not in text
     d = json.loads(text)
@@ -97,11 +98,11 @@ def test_cli_writes_json_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_cli_real_engine_needs_python_or_recipe(tmp_path: Path) -> None:
     p = argparse.ArgumentParser()
-    fp.add_arguments(p)
+    fp_cli.add_arguments(p)
     args = p.parse_args(["--engine", "sglang", "--out", str(tmp_path / "f.json")])
-    assert fp.run(args) == 2
+    assert fp_cli.run(args) == 2
     args = p.parse_args(
         ["--engine", "sglang", "--recipe", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "f.json")]
     )
-    assert fp.run(args) == 1
+    assert fp_cli.run(args) == 1
     assert not (tmp_path / "f.json").exists()

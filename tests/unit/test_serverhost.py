@@ -40,8 +40,8 @@ def test_the_host_starts_what_it_is_asked_and_leaves_with_its_owner(tmp_path: Pa
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         box = start_host(owner.pid, servers.process_started(owner.pid), "7")
-        assert wait_for(lambda: any("specsweep.serverhost" in " ".join(p.cmdline()) for p in _children()))
-        host = next(p for p in _children() if "specsweep.serverhost" in " ".join(p.cmdline()))
+        assert wait_for(lambda: any("-m specsweep server-host" in " ".join(p.cmdline()) for p in _children()))
+        host = next(p for p in _children() if "-m specsweep server-host" in " ".join(p.cmdline()))
         marker = tmp_path / "parent"
         code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getppid())); time.sleep(60)"
         request(box, [sys.executable, "-c", code], tmp_path / "child.log")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specsweep.sim import calibrate as cal
+from specsweep.cli import calibrate as cal
 from specsweep.sim import fit
 from specsweep.sim.bounds import check_profile
 from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level

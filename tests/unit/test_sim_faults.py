@@ -124,7 +124,7 @@ def test_crash_after_tokens_kills_the_process():
         return got
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep.sim.server", "--port", "0", "--fault-crash-after-tokens", "10"],
+        [sys.executable, "-m", "specsweep", "serve-sim", "--port", "0", "--fault-crash-after-tokens", "10"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -151,7 +151,7 @@ def test_cli_parses_fault_options_and_exits_cleanly_on_sigterm():
         [
             sys.executable,
             "-m",
-            "specsweep.cli",
+            "specsweep",
             "serve-sim",
             "--port",
             "0",

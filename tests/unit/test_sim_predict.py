@@ -11,11 +11,12 @@ import pytest
 
 from specsweep import metrics
 from specsweep.analysis import crossover
+from specsweep.cli import predict as predict_cli
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import defaults
 from specsweep.sim import predict as predict_mod
-from specsweep.sim import predict_cli
 from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.sim.forecast import resolve_workload
 from specsweep.sim.predict import (
     DEFAULT_LEVELS,
     WORKLOAD_DEFAULTS,
@@ -170,8 +171,8 @@ def test_predict_cli_json(capsys):
     assert out["workload"]["stagger"] is False and out["baseline"][0]["ramp_requests"] == 0
     # A profile's reference workload sets the sizes and request counts, not the stagger (that of its seed).
     args = parser.parse_args(["--profile", "kimi-k25-cu130-fusion", "--concurrency", "1", "--json"])
-    predict_cli.resolve_workload(args, load_profile("kimi-k25-cu130-fusion"))
-    assert (args.input_tokens, args.requests_per_concurrency, args.requests_floor, args.stagger) == (2048, 2, 30, True)
+    w = resolve_workload({k: getattr(args, k) for k in WORKLOAD_DEFAULTS}, load_profile("kimi-k25-cu130-fusion"))
+    assert (w["input_tokens"], w["requests_per_concurrency"], w["requests_floor"], w["stagger"]) == (2048, 2, 30, True)
     assert (
         predict_cli.run(
             parser.parse_args(

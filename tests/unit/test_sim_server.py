@@ -266,9 +266,9 @@ def test_speculation_schedule_is_served_and_reported():
 def test_bad_speculation_schedule_stops_the_server(argv: list[str], why: str) -> None:
     import argparse
 
-    from specsweep.sim import server as sim_server
+    from specsweep.cli import serve_sim
 
     parser = argparse.ArgumentParser()
-    sim_server.add_arguments(parser)
+    serve_sim.add_arguments(parser)
     with pytest.raises(SystemExit, match=why):
-        sim_server.run(parser.parse_args(argv))
+        serve_sim.run(parser.parse_args(argv))

@@ -7,9 +7,7 @@ Snakemake's workflow catalog shows config/README.md, as it does for rna-seq-star
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from typing import Any
 
 from specsweep.config import SCHEMA_PATH, _schema
@@ -64,27 +62,3 @@ def render() -> str:
     ]
     _rows(schema, "", lines)
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--write", action="store_true", help=f"write {README_PATH} instead of printing it")
-
-
-def run(args: argparse.Namespace) -> int:
-    text = render()
-    if args.write:
-        README_PATH.write_text(text, encoding="utf-8")
-        print(f"wrote {README_PATH}")
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.configdoc", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

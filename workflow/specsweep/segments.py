@@ -15,10 +15,8 @@ Run by the Snakemake `merge_segments` rule and standalone: `specsweep merge-segm
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,30 +81,3 @@ def merge_level(variant_root: Path, level: str, arms: list[str], instances: int)
         write_cell(variant_root / arm / level, records, jsonable(summary))
         out[arm] = summary
     return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant-root", required=True, type=Path, help="the variant's results folder")
-    parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
-    parser.add_argument("--arms", required=True, nargs="+", help="the fixed arms, the baseline first")
-    parser.add_argument("--instances", required=True, type=int, help="server instances per arm")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        out = merge_level(args.variant_root, args.level, args.arms, args.instances)
-    except FileNotFoundError as e:
-        print(f"merge failed: an instance's cell is missing ({e.filename}); rerun its instance cell", file=sys.stderr)
-        return 1
-    print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.segments", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

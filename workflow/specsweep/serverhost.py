@@ -12,7 +12,6 @@ server, and SLURM ends what is left when the job ends, is cancelled (scancel) or
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -48,7 +47,8 @@ def start_host(owner_pid: int, owner_started: float, job: str) -> Path:
         [
             sys.executable,
             "-m",
-            "specsweep.serverhost",
+            "specsweep",
+            "server-host",
             "--inbox",
             str(box),
             "--owner-pid",
@@ -105,16 +105,3 @@ def serve(box: Path, owner_pid: int, owner_started: float) -> int:
     with contextlib.suppress(OSError):
         shutil.rmtree(box)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.serverhost", description=__doc__)
-    parser.add_argument("--inbox", required=True, type=Path)
-    parser.add_argument("--owner-pid", required=True, type=int)
-    parser.add_argument("--owner-started", required=True, type=float)
-    args = parser.parse_args(argv)
-    return serve(args.inbox, args.owner_pid, args.owner_started)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,6 @@ The state folder is on shared storage; a process only ever signals servers of it
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -261,7 +260,8 @@ def _start(state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner:
     argv = [
         sys.executable,
         "-m",
-        "specsweep.servers",
+        "specsweep",
+        "servers",
         "supervise",
         "--spec-file",
         str(spec_file),
@@ -580,41 +580,12 @@ def supervise(spec_file: Path, record_path: Path, owner_pid: int, owner_started:
     return 0
 
 
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True)
-    ls = sub.add_parser("list", help="list running servers of an experiment")
-    ls.add_argument("--state-dir", required=True, type=Path)
-    st = sub.add_parser("stop", help="stop every server of an experiment on this node")
-    st.add_argument("--state-dir", required=True, type=Path)
-    sv = sub.add_parser("supervise", help="(internal) run and watch one server")
-    sv.add_argument("--spec-file", required=True, type=Path)
-    sv.add_argument("--record", required=True, type=Path)
-    sv.add_argument("--owner-pid", required=True, type=int)
-    sv.add_argument("--owner-started", required=True, type=float)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.action == "supervise":
-        return supervise(args.spec_file, args.record, args.owner_pid, args.owner_started)
-    if args.action == "stop":
-        n = stop_all(args.state_dir, reason="asked by user")
-        print(f"stopped {n} server(s)")
-        return 0
-    for rec in records(args.state_dir):
+def listing(state_dir: Path) -> list[str]:
+    """One tab-separated line per recorded server of an experiment: label, node, URL, pid, state (alive, gone,
+    or elsewhere: on another node, not checked from here) and identity."""
+    lines = []
+    for rec in records(state_dir):
         state = ("alive" if process_started(rec.server_pid) is not None else "gone") if _local(rec) else "elsewhere"
         node = rec.node or this_node()
-        print(f"{rec.label}\t{node}\t{rec.base_url}\tpid={rec.server_pid}\t{state}\t{rec.identity}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.servers", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        lines.append(f"{rec.label}\t{node}\t{rec.base_url}\tpid={rec.server_pid}\t{state}\t{rec.identity}")
+    return lines

@@ -9,22 +9,21 @@ itself, which a random model at temperature 0 soon does).
 Runs with the variant environment's python, which has torch, transformers and tokenizers but not specsweep's
 own dependencies:
 
-    python -m specsweep.tiny_model --out DIR [--seed 0] [--hidden-size 128] [--layers 2] [--vocab-size 2000]
+    python -m specsweep tiny-model --out DIR [--seed 0] [--hidden-size 128] [--layers 2] [--vocab-size 2000]
 
-or standalone (`python path/to/tiny_model.py --out DIR`). It imports nothing else from specsweep.
+(`specsweep build-model` runs that with the variant's interpreter and specsweep's folder on PYTHONPATH; the
+command's package imports only the standard library). It imports nothing else from specsweep.
 The model is written to a temporary sibling folder and renamed into place, so DIR is complete or absent;
 DIR/specsweep_tiny_model.json records the parameters used.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import shutil
 import string
-import sys
 import tempfile
 from pathlib import Path
 
@@ -163,44 +162,3 @@ def build(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specsweep.tiny_model", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, type=Path, help="model folder to write")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--kv-heads", type=int, default=1)
-    p.add_argument("--intermediate-size", type=int, default=256)
-    p.add_argument("--vocab-size", type=int, default=2000)
-    p.add_argument("--max-position-embeddings", type=int, default=4096)
-    p.add_argument(
-        "--initializer-range",
-        type=float,
-        default=0.02,
-        help="std of the random weights; at the default 0.02 the residual stream is dominated by the current "
-        "token's embedding, so greedy decoding falls into short loops that ngram drafts hit "
-        "(~30-50%% of tokens); "
-        "at 0.5 the output hardly repeats",
-    )
-    a = p.parse_args(argv)
-    out = build(
-        a.out,
-        seed=a.seed,
-        hidden_size=a.hidden_size,
-        layers=a.layers,
-        heads=a.heads,
-        kv_heads=a.kv_heads,
-        intermediate_size=a.intermediate_size,
-        vocab_size=a.vocab_size,
-        max_position_embeddings=a.max_position_embeddings,
-        initializer_range=a.initializer_range,
-    )
-    print(out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

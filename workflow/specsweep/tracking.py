@@ -14,13 +14,11 @@ the key are read again and every job keeps the complete one with the lowest id (
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
 import math
 import os
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -28,8 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from specsweep.config import LEVEL_PREFIX, defaults, load_arg
-from specsweep.io import atomic_write_json, read_json
+from specsweep.config import LEVEL_PREFIX, defaults
+from specsweep.io import read_json
 from specsweep.mlflow_view import view_arms, view_tag, view_url
 from specsweep.redact import redact_text, redact_uri, split_uri_credentials
 from specsweep.run_notes import cell_note, crossover_note, sweep_note
@@ -686,22 +684,6 @@ def _verdict_tags(data: dict[str, Any]) -> dict[str, str]:
     return tags
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", required=True)
-    sw = sub.add_parser("sweep", help="log one variant x arm: its cells and the sweep run")
-    sw.add_argument("--config", required=True, help="config as JSON text or a YAML/JSON file")
-    sw.add_argument("--variant", required=True)
-    sw.add_argument("--arm", required=True)
-    sw.add_argument("--out", required=True, type=Path, help="marker JSON with the run ids")
-    sw.add_argument("summaries", nargs="*", type=Path, help="none: a policy arm that served no schedule")
-    cx = sub.add_parser("crossover", help="log one variant's crossover run")
-    cx.add_argument("--config", required=True)
-    cx.add_argument("--variant", required=True)
-    cx.add_argument("--crossover", required=True, type=Path)
-    cx.add_argument("--out", required=True, type=Path)
-    cx.add_argument("sweeps", nargs="+", type=Path)
-
-
 def _http_status(exc: BaseException) -> int | None:
     """The HTTP status behind an error: MLflow's own (from its error code), or that of a requests.HTTPError
     (artifact uploads and downloads raise those)."""
@@ -757,34 +739,40 @@ def failure_text(exc: BaseException, config: dict[str, Any]) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    config = load_arg(args.config)
+class TrackingFailed(Exception):
+    """A tracking job that could not log: the message is failure_text's line; `bug_traceback` (redacted) is set
+    when the failure was no server's refusal or absence, so probably a bug, whose traceback helps."""
+
+    def __init__(self, message: str, bug_traceback: str | None) -> None:
+        super().__init__(message)
+        self.bug_traceback = bug_traceback
+
+
+def track(
+    config: dict[str, Any],
+    what: str,
+    variant: str,
+    *,
+    arm: str | None = None,
+    summaries: list[Path] | None = None,
+    crossover: Path | None = None,
+    sweeps: list[Path] | None = None,
+) -> dict[str, Any]:
+    """What `specsweep track` logs: `what` "sweep" (one variant x arm: its `summaries`, none for a policy arm
+    that served no schedule) or "crossover" (the variant's `crossover` with its `sweeps` markers). Returns the
+    marker (its run ids and the redacted tracking URI); TrackingFailed says where, what and the fix."""
     try:
         tracker = Tracker(config)
-        if args.what == "sweep" and not args.summaries:  # a policy arm whose family got no schedule: nothing to log
+        if what == "sweep" and not summaries:  # a policy arm whose family got no schedule: nothing to log
             note = "no cells: the arm served no schedule"
-            marker = {"arm": args.arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
-        elif args.what == "sweep":
-            marker = log_sweep(tracker, args.variant, args.arm, list(args.summaries))
+            marker = {"arm": arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
+        elif what == "sweep":
+            marker = log_sweep(tracker, variant, str(arm), list(summaries or []))
         else:
-            marker = log_crossover(tracker, args.variant, args.crossover, list(args.sweeps))
+            marker = log_crossover(tracker, variant, Path(str(crossover)), list(sweeps or []))
         tracker.save_view()  # again: a concurrent job's write may have taken this config's arms away
     except Exception as exc:
-        if not (_unreachable(exc) or _error_code(exc) in AUTH_CODES):  # a bug: its traceback helps
-            print(redact_text(traceback.format_exc()), file=sys.stderr)
-        print(failure_text(exc, config), file=sys.stderr, flush=True)
-        return 1
+        bug = not (_unreachable(exc) or _error_code(exc) in AUTH_CODES)
+        raise TrackingFailed(failure_text(exc, config), redact_text(traceback.format_exc()) if bug else None) from exc
     marker["tracking_uri"] = redact_uri(tracker.uri)
-    atomic_write_json(args.out, marker)
-    print(json.dumps(marker, indent=2))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.tracking", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return marker

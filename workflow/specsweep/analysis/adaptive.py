@@ -14,9 +14,7 @@ interval open beyond it asks for a wider grid, which is the user's call.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +22,10 @@ from typing import Any
 
 from specsweep.analysis import decisions
 from specsweep.analysis.variant import analyze_cells
-from specsweep.config import defaults, load_arg
+from specsweep.config import defaults
 from specsweep.io import atomic_write_json
 
-__all__ = ["AdaptiveSettings", "interior_levels", "measuring_seconds", "next_levels"]
+__all__ = ["AdaptiveSettings", "interior_levels", "measuring_seconds", "next_levels", "refine_round"]
 
 _DEFAULTS = defaults("adaptive")
 
@@ -150,55 +148,29 @@ def decision_key(decision: dict[str, Any], round_: int, summaries: Sequence[Path
     return decisions.decision_key([decision, round_], summaries)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant", required=True)
-    parser.add_argument(
-        "--adaptive", required=True, help="the decision's settings: adaptive, concurrency (grid), arms (JSON)"
-    )
-    parser.add_argument(
-        "--judging", required=True, help="how cells are judged: gates, slo, analysis, arms, variants (JSON)"
-    )
-    parser.add_argument("--round", type=int, required=True, help="the refinement round (1, 2, ...)")
-    parser.add_argument("--summaries", type=Path, nargs="+", required=True, help="every cell measured so far")
-    parser.add_argument("--out", type=Path, required=True, help="the round's levels JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    decision, config = load_arg(args.adaptive), load_arg(args.judging)
-    key = decision_key(decision, args.round, args.summaries)
-    plan = decisions.kept(args.out.parent, f"round{args.round}", key)
-    if plan is not None:  # decided before on the same cells and settings: keep it (analysis/decisions.py)
-        atomic_write_json(args.out, plan)
-        print(f"{args.variant} round {args.round}: decision kept (same cells and adaptive settings): {plan['add']}")
-        return 0
+def refine_round(
+    variant: str, decision: dict[str, Any], config: dict[str, Any], round_: int, summaries: list[Path], out: Path
+) -> tuple[dict[str, Any], bool]:
+    """What `specsweep refine` does: decide which levels adaptive round `round_` adds from every cell measured
+    so far (judged by `config`), or keep the decision taken before on the same cells and `decision` settings
+    (analysis/decisions.py), and write it to `out`. Returns the round's plan and whether it was kept."""
+    key = decision_key(decision, round_, summaries)
+    plan = decisions.kept(out.parent, f"round{round_}", key)
+    if plan is not None:
+        atomic_write_json(out, plan)
+        return plan, True
     settings = AdaptiveSettings.from_config(decision)
-    result, cells = analyze_cells(config, args.variant, summaries=args.summaries)
+    result, cells = analyze_cells(config, variant, summaries=summaries)
     measured = sorted({c for by_level in cells.values() for c in by_level})
     spent = measuring_seconds([cell.summary for by_level in cells.values() for cell in by_level.values()])
     plan = next_levels(result, measured, decision.get("concurrency") or [], settings, spent)
     plan.update(
-        variant=args.variant,
-        round=args.round,
+        variant=variant,
+        round=round_,
         measured=[int(c) for c in measured],
         judged_with={k: config.get(k) for k in ("gates", "slo", "analysis")},
         decision_key=key,
     )
-    decisions.keep(args.out.parent, f"round{args.round}", key, plan)
-    atomic_write_json(args.out, plan)
-    what = f"adding C={', '.join(map(str, plan['add']))}" if plan["add"] else f"no level added: {plan['stop']}"
-    print(f"{args.variant} round {args.round}: measured C={', '.join(map(str, plan['measured']))}; {what}")
-    for arm, p in plan["arms"].items():
-        lo, hi = p["lo"], p["hi"]
-        shown = "-" if lo is None or hi is None else f"[{lo:.3g}, {hi:.3g}]"
-        print(f"  {arm}: verdict {p['verdict']}, crossover interval {shown}; {p['settled'] or 'narrowing'}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsweep refine", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    decisions.keep(out.parent, f"round{round_}", key, plan)
+    atomic_write_json(out, plan)
+    return plan, False

@@ -1,18 +1,15 @@
-"""`specsweep compare`: the same arm across variants (e.g. cu128 vs cu130-fusion), level by level.
+"""The same arm across variants (e.g. cu128 vs cu130-fusion), level by level.
 
 For each arm and level: each variant's value and its ratio to the reference variant with a bootstrap interval
 (oriented so that > 1 means the variant is better than the reference), plus each variant's crossover from its
-crossover.json when present. Writes comparison.json, comparison_table.csv and plots; runs standalone too:
-`python -m specsweep.analysis.compare --experiment-dir results/<exp> --variants A B --out-dir DIR`.
+crossover.json when present. Writes comparison.json, comparison_table.csv and plots (`compare_experiment`).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,33 +19,11 @@ import numpy as np
 from specsweep.analysis.analyze import AnalysisSettings, _f, crossover_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell
-from specsweep.config import load_arg
 from specsweep.io import atomic_write_text
 
-__all__ = ["COMPARED", "add_arguments", "compare_variants", "format_compare", "main", "run"]
+__all__ = ["COMPARED", "compare_experiment", "compare_variants", "format_compare"]
 
 COMPARED = ("aggregate_tok_s", "per_request_tok_s_mean", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--experiment-dir",
-        "--results-root",
-        dest="results_root",
-        type=Path,
-        required=True,
-        help="results/<experiment>, holding <variant>/<arm>/c<C>/ and <variant>/crossover.json",
-    )
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        help="variants to compare, the first is the reference (default: the config's, in order)",
-    )
-    parser.add_argument("--arms", nargs="+", help="arms to compare (default: every arm the variants share)")
-    parser.add_argument("--config", help="resolved config: a YAML/JSON file or inline JSON")
-    parser.add_argument("--out-dir", type=Path, required=True, help="where comparison.json, table and plots go")
-    parser.add_argument("--replicates", type=int, help="bootstrap replicates (overrides config)")
-    parser.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 
 def _load_variant(
@@ -279,42 +254,38 @@ def _csv(result: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def run(args: argparse.Namespace) -> int:
-    config = load_arg(args.config)
+def compare_experiment(
+    config: dict[str, Any],
+    results_root: Path,
+    out_dir: Path,
+    variants: list[str] | None = None,
+    arms: list[str] | None = None,
+    replicates: int | None = None,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Everything `specsweep compare` does: compare `variants` (default: the config's; the first is the
+    reference) under `results_root`, write comparison.json, its table and plots into `out_dir`; returns the
+    comparison. ValueError: fewer than two variants; LookupError: a variant has no cells."""
     settings = AnalysisSettings.from_config(config)
-    if args.replicates is not None:
-        settings.replicates = args.replicates
+    if replicates is not None:
+        settings.replicates = replicates
     levels = config.get("concurrency")
-    variants: dict[str, dict[str, dict[float, Cell]]] = {}
+    cells: dict[str, dict[str, dict[float, Cell]]] = {}
     crossovers: dict[str, dict[str, Any]] = {}
-    names = args.variants or list((config.get("variants") or {}).keys())
+    names = variants or list((config.get("variants") or {}).keys())
     if len(names) < 2:
-        print("compare needs at least two variants (--variants or the config's variants)", file=sys.stderr)
-        return 2
+        raise ValueError("compare needs at least two variants (--variants or the config's variants)")
     for v in names:
-        root = args.results_root / v
-        variants[v] = _load_variant(root, args.arms, levels, settings)
-        if not variants[v]:
-            print(f"no cells for variant {v} under {root}", file=sys.stderr)
-            return 1
+        root = results_root / v
+        cells[v] = _load_variant(root, arms, levels, settings)
+        if not cells[v]:
+            raise LookupError(f"no cells for variant {v} under {root}")
         if (root / "crossover.json").exists():
             crossovers[v] = json.loads((root / "crossover.json").read_text())
-    result = compare_variants(variants, settings, args.arms, crossovers)
-    result["experiment"] = config.get("experiment") or args.results_root.name
-    out: Path = args.out_dir
-    if not args.no_plots:
-        result["plots"] = [str(p.relative_to(out)) for p in _plot(result, variants, out, crossovers)]
-    atomic_write_text(out / "comparison.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
-    atomic_write_text(out / "comparison_table.csv", _csv(result))
-    print(format_compare(result))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsweep compare", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    result = compare_variants(cells, settings, arms, crossovers)
+    result["experiment"] = config.get("experiment") or results_root.name
+    if plots:
+        result["plots"] = [str(p.relative_to(out_dir)) for p in _plot(result, cells, out_dir, crossovers)]
+    atomic_write_text(out_dir / "comparison.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
+    atomic_write_text(out_dir / "comparison_table.csv", _csv(result))
+    return result

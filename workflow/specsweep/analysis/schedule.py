@@ -19,8 +19,6 @@ policy arm.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +29,18 @@ from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import best_fixed
 from specsweep.analysis.variant import analyze_cells
-from specsweep.config import load_arg, server_args
+from specsweep.config import server_args
 from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
 from specsweep.io import atomic_write_json
 
-__all__ = ["derive_schedules", "level_choices", "ranges_from_choices", "threshold_schedule", "write_engine_files"]
+__all__ = [
+    "derive_schedules",
+    "schedule_job",
+    "level_choices",
+    "ranges_from_choices",
+    "threshold_schedule",
+    "write_engine_files",
+]
 
 
 def ranges_from_choices(choices: list[tuple[int, int]], upper: int) -> list[list[int]]:
@@ -201,40 +206,22 @@ def write_engine_files(doc: dict[str, Any]) -> None:
             atomic_write_json(entry["file"], sglang_adaptive_config(entry["schedule"])[0])
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant", required=True)
-    parser.add_argument("--decision", required=True, help="what the schedule depends on: policy, arms, rule (JSON)")
-    parser.add_argument("--judging", required=True, help="how cells are judged: gates, slo, analysis, arms, variants")
-    parser.add_argument("--summaries", type=Path, nargs="+", required=True, help="the fixed arms' cells")
-    parser.add_argument("--out", type=Path, required=True, help="schedule.json")
-
-
-def run(args: argparse.Namespace) -> int:
-    decision, config = load_arg(args.decision), load_arg(args.judging)
-    key = decisions.decision_key(decision, args.summaries)
-    doc = decisions.kept(args.out.parent, "schedule", key)
+def schedule_job(
+    variant: str, decision: dict[str, Any], config: dict[str, Any], summaries: list[Path], out: Path
+) -> tuple[dict[str, Any], bool]:
+    """What `specsweep schedule` does: derive the variant's schedules from the fixed arms' cells, or keep the
+    ones decided before on the same cells and `decision` settings (analysis/decisions.py), and write them to
+    `out` (schedule.json) with the engine's files. Returns the document and whether it was kept."""
+    key = decisions.decision_key(decision, summaries)
+    doc = decisions.kept(out.parent, "schedule", key)
+    kept = doc is not None
     if doc is None:
         settings = AnalysisSettings.from_config(config)
-        result, cells = analyze_cells(config, args.variant, summaries=args.summaries, settings=settings)
-        doc = derive_schedules(config, args.variant, result, cells, settings, args.out.parent / "policy")
+        result, cells = analyze_cells(config, variant, summaries=summaries, settings=settings)
+        doc = derive_schedules(config, variant, result, cells, settings, out.parent / "policy")
         doc.update(decision_key=key, judged_with={k: config.get(k) for k in ("gates", "slo", "analysis")})
-        decisions.keep(args.out.parent, "schedule", key, doc)
-        how = "derived"
+        decisions.keep(out.parent, "schedule", key, doc)
     else:
-        how = "kept (same cells and policy settings)"
         write_engine_files(doc)
-    atomic_write_json(args.out, doc)
-    print(f"{args.variant}: schedules {how}")
-    for family, entry in doc["families"].items():
-        print(f"  {family}: {entry.get('schedule')}  ({entry.get('rule', '')}; {entry.get('reason', '')})")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsweep schedule", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    atomic_write_json(out, doc)
+    return doc, kept

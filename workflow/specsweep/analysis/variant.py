@@ -1,7 +1,7 @@
 """A variant's cells, judged as they are read, and compared arm by arm: the library half of `specsweep crossover`.
 
-`analysis.cli`, `analysis.schedule` and `analysis.adaptive` all start from `analyze_cells`; it lives here, not in
-a command module, so no library module imports a command line (import-linter contracts in pyproject.toml).
+`analysis.report`, `analysis.schedule` and `analysis.adaptive` all start from `analyze_cells`; it lives here so that
+none of them imports another for it.
 """
 
 from __future__ import annotations

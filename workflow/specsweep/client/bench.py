@@ -1,4 +1,4 @@
-"""`specsweep bench`: measure a running server at several concurrency levels, without Snakemake.
+"""Measure a running server at several concurrency levels, without Snakemake (`specsweep bench`).
 
 Writes `OUT/c<C>/requests.parquet` (one row per request) and `OUT/c<C>/summary.json` per level, atomically,
 through the same measuring path (`loadgen.measure_level`) and summary writer (`specsweep.summary`) as the
@@ -18,13 +18,13 @@ from typing import Any
 from tqdm import tqdm
 
 from specsweep.aio import cancel_and_wait
-from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS, RequestRecord, RequestSpec
+from specsweep.client.backends import RequestRecord, RequestSpec
 from specsweep.client.cpu import pin_self, plan_cpus
-from specsweep.client.datasets import CHAT_MODES, FORMATS, Dataset, DatasetError
+from specsweep.client.datasets import Dataset, DatasetError
 from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, level_prompts, templated
 from specsweep.config import defaults, read_dataset, request_count
-from specsweep.engines import ENGINES, get_engine
+from specsweep.engines import get_engine
 from specsweep.redact import MissingAPIKey, api_key_from_env
 from specsweep.summary import judged, level_summary, write_cell
 
@@ -84,76 +84,16 @@ class Progress:
             self._bar = None
 
 
-def _ints(text: str) -> list[int]:
-    vals = [int(x) for x in text.split(",") if x.strip()]
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return vals
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    w, r, g = defaults("workload"), defaults("workload", "requests"), defaults("gates")
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--engine", choices=ENGINES, default=None, help="cache reset and counters (default: by backend)")
-    p.add_argument("--backend", choices=BACKENDS, default="sglang", help="sglang: native /generate; openai: /v1")
-    p.add_argument(
-        "--endpoint",
-        choices=ENDPOINTS,
-        default="completions",
-        help="text or chat messages (with --backend sglang the chat template of --tokenizer's model is applied here)",
-    )
-    p.add_argument("--model", default=None, help="openai 'model' field (default: omitted)")
-    p.add_argument("--concurrency", type=_ints, default=[1, 2, 5], help="levels, comma-separated (default 1,2,5)")
-    p.add_argument("--requests-per-concurrency", type=float, default=r["per_concurrency"], help="turnovers per slot")
-    p.add_argument("--requests-floor", type=int, default=r["floor"])
-    p.add_argument("--requests-max", type=int, default=r["max"], help="cap on measured requests per level")
-    p.add_argument("--duration-s", type=float, default=r["duration_s"], help="measure by time (count = cap)")
-    p.add_argument("--no-stagger", action="store_true", help="start every slot with a full-length request")
-    p.add_argument("--input-tokens", type=int, default=w["input_tokens"])
-    p.add_argument("--output-tokens", type=int, default=w["output_tokens"])
-    p.add_argument("--warmup", type=int, default=w["warmup_requests"], help="warm-up requests per level")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=w["seed"])
-    p.add_argument("--temperature", type=float, default=w["temperature"])
-    p.add_argument(
-        "--dataset", "--prompts-file", dest="dataset", default=None, help="a workload file (default: synthetic words)"
-    )
-    p.add_argument("--dataset-format", choices=FORMATS, default="prompts-jsonl", help="the file's format")
-    p.add_argument("--dataset-chat", choices=CHAT_MODES, default=None, help="sharegpt: first_turn or history")
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer.json (or its folder) when the server has no /tokenize; the model folder whose chat template "
-        "--backend sglang --endpoint chat applies",
-    )
-    p.add_argument("--api-key-env", default=None, help="name of an environment variable holding the API key")
-    p.add_argument("--request-timeout-s", type=float, default=w["request_timeout_s"])
-    p.add_argument("--no-reset", action="store_true", help="do not reset the server's prefix cache per repeat")
-    p.add_argument("--client-cpus", default="auto", help="CPUs of this client: auto (the last one), none, or e.g. 3")
-    p.add_argument("--slo-ttft-ms", type=float, default=None)
-    p.add_argument("--slo-tpot-ms", type=float, default=None)
-    p.add_argument("--slo-e2e-ms", type=float, default=None)
-    for key, value in g.items():
-        p.add_argument(f"--{key.replace('_', '-')}", type=float, default=value, help=f"validity gate (default {value})")
-    p.add_argument("--server-max-running", type=int, default=None, help="server's running-request cap, if known")
-    p.add_argument(
-        "--transport",
-        choices=TRANSPORTS,
-        default="fast",
-        help="fast: lean raw-asyncio client (default); aiohttp",
-    )
-    p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
-
-
 def _dataset(args: argparse.Namespace) -> Dataset | None:
     """The --dataset file, checked as the pipeline checks `workload.dataset` (config.read_dataset)."""
     ds = {"path": args.dataset, "format": args.dataset_format, "chat": args.dataset_chat} if args.dataset else None
     return read_dataset({"dataset": ds, "output_tokens": args.output_tokens, "endpoint": args.endpoint})
 
 
-async def _bench(args: argparse.Namespace) -> int:
-    """Measure every level; this process's CPUs are given back after (it pins itself to the client's CPUs):
-    a caller running it in-process, as the tests do, must not be left on one core."""
+async def bench(args: argparse.Namespace) -> int:
+    """Measure every level of `specsweep bench` (its parsed arguments): 0 when every level is valid, 1 when
+    some level is invalid, 2 on bad input. This process's CPUs are given back after (it pins itself to the
+    client's CPUs): a caller running it in-process, as the tests do, must not be left on one core."""
     affinity = os.sched_getaffinity(0)
     try:
         return await _bench_pinned(args)
@@ -258,18 +198,3 @@ async def _bench_pinned(args: argparse.Namespace) -> int:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit 0 when every level is valid, 1 when some level is invalid, 2 on usage errors."""
-    return asyncio.run(_bench(args))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsweep bench", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,7 +33,8 @@ class SimEngine:
         argv = [
             python or sys.executable,
             "-m",
-            "specsweep.sim.server",
+            "specsweep",
+            "serve-sim",
             "--host",
             host,
             "--port",

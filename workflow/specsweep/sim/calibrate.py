@@ -1,17 +1,16 @@
-"""`specsweep calibrate`: fit a profile to measured cells (`sim.fit`), scan which parameters the data pin down
-(`sim.uncertainty`), and write the fitted profile YAML with its plausible ranges.
+"""Fit a profile to measured cells (`sim.fit`), scan which parameters the data pin down
+(`sim.uncertainty`), and write the fitted profile YAML with its plausible ranges
+(`specsweep calibrate`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 
-from specsweep.sim.bounds import check_profile, parameter_bounds
-from specsweep.sim.fit import Target, fit_params, fit_profile, load_targets, simulated_tok_s, workload_of
-from specsweep.sim.profile import Profile, dump_profile, load_profile, profile_from_dict
-from specsweep.sim.uncertainty import format_identification, identify
+from specsweep.sim.bounds import parameter_bounds
+from specsweep.sim.fit import Target, fit_params, fit_profile, simulated_tok_s
+from specsweep.sim.profile import Profile, profile_from_dict
+from specsweep.sim.uncertainty import Identification, identify
 
 
 def format_fit(pairs: list[tuple[Target, float]]) -> str:
@@ -23,62 +22,30 @@ def format_fit(pairs: list[tuple[Target, float]]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--measured", required=True, help="seed-style CSV or a results directory of cells")
-    parser.add_argument("--profile", required=True, help="base profile (name or YAML path)")
-    parser.add_argument("--out", required=True, help="fitted profile YAML to write")
-    parser.add_argument("--arm", default="eagle3", help="name of the speculative arm in the measurements")
-    parser.add_argument("--stack", default=None, help="CSV only: which stack's rows (default: most rows)")
-    parser.add_argument("--variant", default=None, help="results directory only: which variant")
-    parser.add_argument("--name", default=None, help="name of the fitted profile (default: <base>-fitted)")
-    parser.add_argument("--params", default=None, help="comma-separated dotted parameters to fit")
-    parser.add_argument("--no-single-stream", action="store_true", help="ignore single-stream rows")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--no-uncertainty",
-        action="store_true",
-        help="skip the identifiability scan (pinned / free parameters, the plausible profiles predict uses)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    base = load_profile(args.profile)
-    targets = load_targets(
-        args.measured,
-        args.arm,
-        workload_of(base),
-        stack=args.stack,
-        variant=args.variant,
-        single_stream=not args.no_single_stream,
-    )
-    if not targets:
-        print(f"no measured cells found in {args.measured}", file=sys.stderr)
-        return 1
-    params = args.params.split(",") if args.params else None
+def calibrate(
+    base: Profile,
+    targets: list[Target],
+    params: list[str] | None = None,
+    rounds: int = 3,
+    uncertainty: bool = True,
+    name: str | None = None,
+) -> tuple[Profile, list[tuple[Target, float]], Identification | None]:
+    """Fit `base` to `targets` (only `params`, default: those the targets inform) and name it `name` (default
+    <base>-fitted); with `uncertainty`, the identifiability scan too, its plausible ranges kept in the profile's
+    `reference.uncertainty`. Returns the fitted profile, each target with its fitted figure, and the scan."""
     ident = None
-    if args.no_uncertainty:
+    if not uncertainty:
         box = {p: (b.lo, b.hi) for p, b in parameter_bounds(base, params or fit_params(base, targets)).items()}
-        fitted, pairs = fit_profile(base, targets, params, rounds=args.rounds, bounds=box)
+        fitted, pairs = fit_profile(base, targets, params, rounds=rounds, bounds=box)
     else:
         ident = identify(base, targets, params)
         fitted = ident.profile
         pairs = [(t, simulated_tok_s(fitted, t)) for t in targets]
-    name = args.name or f"{base.name}-fitted"
+    name = name or f"{base.name}-fitted"
     fitted = fitted.with_params({}) if name == fitted.name else _renamed(fitted, name)
     if ident is not None:
         fitted = dataclasses.replace(fitted, reference={**fitted.reference, "uncertainty": ident.as_dict()})
-    dump_profile(
-        fitted,
-        args.out,
-        header=f"# fitted by `specsweep calibrate` from {args.measured} (base profile {base.name})",
-    )
-    print(format_fit(pairs))
-    for problem in check_profile(fitted, params or fit_params(base, targets)):
-        print(f"outside physical bounds: {problem}")
-    if ident is not None:
-        print(format_identification(ident))
-    print(f"wrote {args.out}")
-    return 0
+    return fitted, pairs, ident
 
 
 def _renamed(profile: Profile, name: str) -> Profile:
@@ -86,13 +53,3 @@ def _renamed(profile: Profile, name: str) -> Profile:
     d["name"] = name
     d["illustrative"] = False
     return profile_from_dict(d)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.sim.calibrate", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

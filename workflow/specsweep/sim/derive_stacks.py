@@ -7,14 +7,11 @@ the verify pass's all-reduce, to its EAGLE-3 figure); a profile needing an all-r
 dropped. Prints the values and writes them as JSON (the profile YAMLs hold them, with their comments). The fit
 starts from the packaged values with a weak pull towards them, so a rerun lands within ~1.3% of them (measured):
 
-    python -m specsweep.sim.derive_stacks --out derived.json
+    specsweep derive-stacks --out derived.json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from typing import Any
 
 from specsweep.sim.fit import Target, load_targets, mean_field_tok_s, seed_csv_path, workload_of
@@ -59,19 +56,3 @@ def derive() -> dict[str, Any]:
         unc["measured"] = [["baseline", 1]] + ([["spec", 1]] if spec_fig else [])
         out[name] = {"best": members[0], "uncertainty": unc, "kept": f"{len(members)} of {len(ident.ensemble)}"}
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.sim.derive_stacks", description=__doc__)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    out = derive()
-    for name, d in out.items():
-        print(name, d.get("kept", ""), json.dumps({k: float(f"{v:.4g}") for k, v in d["best"].items()}))
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

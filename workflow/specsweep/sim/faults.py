@@ -6,7 +6,6 @@ knowing request ids; the HTTP-error fault draws from its own seeded stream.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -73,77 +72,6 @@ class FaultState:
     def should_crash(self, tokens_emitted: int) -> bool:
         n = self.config.crash_after_tokens
         return n is not None and tokens_emitted >= n
-
-
-def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("fault injection")
-    g.add_argument(
-        "--fault-crash-after-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="exit the whole process abruptly after N tokens emitted in total",
-    )
-    g.add_argument(
-        "--fault-http-error-fraction",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="answer this fraction of generation requests with HTTP 500 (seeded)",
-    )
-    g.add_argument(
-        "--fault-stall-after-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="after N tokens, stop all streams once for --fault-stall-s seconds",
-    )
-    g.add_argument("--fault-stall-s", type=float, default=0.0, metavar="S")
-    g.add_argument(
-        "--fault-malformed-after-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="after N tokens, write one garbage non-JSON data: line on one stream",
-    )
-    g.add_argument(
-        "--fault-truncate-after-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="after N tokens, close one stream without finishing or [DONE]",
-    )
-    g.add_argument(
-        "--fault-slow-start-s",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="health endpoints answer 503 for S seconds after start",
-    )
-    g.add_argument(
-        "--fault-corrupt-output-fraction",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="replace one output word for this share of prompts (a broken draft path: faster, different text)",
-    )
-
-
-def faults_from_args(args: argparse.Namespace) -> FaultConfig:
-    if not 0.0 <= args.fault_http_error_fraction <= 1.0:
-        raise SystemExit("--fault-http-error-fraction must be in [0, 1]")
-    if not 0.0 <= args.fault_corrupt_output_fraction <= 1.0:
-        raise SystemExit("--fault-corrupt-output-fraction must be in [0, 1]")
-    return FaultConfig(
-        crash_after_tokens=args.fault_crash_after_tokens,
-        http_error_fraction=args.fault_http_error_fraction,
-        stall_after_tokens=args.fault_stall_after_tokens,
-        stall_s=args.fault_stall_s,
-        malformed_after_tokens=args.fault_malformed_after_tokens,
-        truncate_after_tokens=args.fault_truncate_after_tokens,
-        slow_start_s=args.fault_slow_start_s,
-        corrupt_output_fraction=args.fault_corrupt_output_fraction,
-    )
 
 
 DRIFT_ENV = "SPECSWEEP_SIM_DRIFT_FILE"

@@ -6,7 +6,7 @@ target's mean-field value by the ratio simulation/mean-field of the previous rou
 always the full simulation's. Parameters move in log space (accept_prob in logit space) with a weak pull
 towards the base profile, because a handful of cells cannot pin down every parameter on its own.
 
-The library half of `specsweep calibrate` (`sim.calibrate` is the command): `sim.uncertainty` builds on this
+The library half of `specsweep calibrate` (`sim.calibrate.calibrate` runs it): `sim.uncertainty` builds on this
 fit, and `sim.calibrate` on both, so neither imports the other back.
 """
 

@@ -140,9 +140,9 @@ async def closed_loop(
 
 @contextmanager
 def sim_server(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
-    """Start `python -m specsweep.sim.server --port 0 ARGS` in a subprocess; yield its URL; always stop it."""
+    """Start `python -m specsweep serve-sim --port 0 ARGS` in a subprocess; yield its URL; always stop it."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep.sim.server", "--port", "0", *args],
+        [sys.executable, "-m", "specsweep", "serve-sim", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

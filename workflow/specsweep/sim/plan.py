@@ -12,10 +12,7 @@ are what the design achieves at best, and several `--seeds` show their spread.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +27,8 @@ from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.client.loadgen import warmup_count
 from specsweep.config import (
-    ConfigError,
     fixed_arms,
     instances,
-    load,
     load_mode,
     policy_arms,
     requests_for,
@@ -289,75 +284,73 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="config/config.yaml", help="the experiment config (YAML)")
-    parser.add_argument("--variant", help="default: the config's first variant")
-    parser.add_argument("--profile", help="a calibrated profile (name or YAML); default: the sim variant's own")
-    parser.add_argument("--seeds", type=int, default=1, help="plan this many times (engine seeds 0..N-1)")
-    parser.add_argument(
-        "--server-start-s", type=float, default=0.0, help="seconds per server start (a real 8-GPU start: minutes)"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+class PlanError(ValueError):
+    """A config or request `specsweep plan` cannot plan; the message names what to change."""
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        config = load(args.config)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+@dataclass
+class ConfigPlan:
+    """A config's variant planned `seeds` times, each time without and with adaptive rounds."""
+
+    variant: str
+    profile: Profile
+    adaptive: AdaptiveSettings
+    spec_arms: list[str]
+    server_start_s: float
+    runs: list[list[PlannedSweep]]  # per seed: [fixed grid, adaptive]
+
+    def as_json(self) -> list[list[dict[str, Any]]]:
+        return [[p.as_dict() for p in pair] for pair in self.runs]
+
+    def format(self) -> str:
+        kind = "ILLUSTRATIVE" if self.profile.illustrative else "calibrated"
+        a = self.adaptive
+        lines = [
+            f"plan: variant {self.variant}, profile {self.profile.name} ({kind}), {SOURCE}; server start "
+            f"{self.server_start_s:g} s; adaptive target {a.target_ratio:g}x, {a.max_rounds} rounds, "
+            f"{a.max_levels} levels"
+        ]
+        for seed, pair in enumerate(self.runs):
+            lines += [f"seed {seed}:", format_plan(pair, self.spec_arms)]
+        if len(self.runs) > 1:
+            for arm in self.spec_arms:
+                for i, mode in enumerate(("fixed", "adaptive")):
+                    widths = [pair[i].width(arm) for pair in self.runs]
+                    known = [w for w in widths if w is not None]
+                    mins = [pair[i].total_s / 60 for pair in self.runs]
+                    shown = f"median {np.median(known):.2f}x, {min(known):.2f}-{max(known):.2f}x" if known else "open"
+                    lines.append(
+                        f"{arm} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
+                        f"median {np.median(mins):.1f} min"
+                    )
+        return "\n".join(lines)
+
+
+def plan_config(
+    config: dict[str, Any],
+    variant: str | None = None,
+    profile: str | None = None,
+    seeds: int = 1,
+    server_start_s: float = 0.0,
+) -> ConfigPlan:
+    """What `specsweep plan` prints: `variant` (default: the config's first) planned with engine seeds
+    0..seeds-1, on `profile` (default: the sim variant's own). PlanError names what to change: an open-loop
+    config, an unknown variant, a real engine's variant without a profile."""
     if load_mode(config) != "closed":
-        print(
+        raise PlanError(
             f"specsweep plan predicts closed-loop sweeps in virtual time, and load.mode is {load_mode(config)}; "
-            "plan the closed-loop sweep (load.mode: closed) or measure the open one",
-            file=sys.stderr,
+            "plan the closed-loop sweep (load.mode: closed) or measure the open one"
         )
-        return 2
-    variant = args.variant or next(iter(config["variants"]))
+    variant = variant or next(iter(config["variants"]))
     if variant not in config["variants"]:
-        print(f"unknown variant {variant!r}; known: {', '.join(config['variants'])}", file=sys.stderr)
-        return 2
+        raise PlanError(f"unknown variant {variant!r}; known: {', '.join(config['variants'])}")
     v = config["variants"][variant]
-    name = args.profile or (v.get("profile") if v["engine"] == "sim" else None)
+    name = profile or (v.get("profile") if v["engine"] == "sim" else None)
     if name is None:
-        print(f"variant {variant} runs {v['engine']}: pass --profile (a calibrated profile)", file=sys.stderr)
-        return 2
-    profile = load_profile(name)
+        raise PlanError(f"variant {variant} runs {v['engine']}: pass --profile (a calibrated profile)")
+    prof = load_profile(name)
     adaptive = AdaptiveSettings.from_config(config)
-    spec_arms = speculative_arms(config)
-    runs = []
-    for seed in range(args.seeds):
-        runs.append([plan_sweep(profile, config, variant, m, seed, args.server_start_s) for m in (None, adaptive)])
-    if args.json:
-        print(json.dumps([[p.as_dict() for p in pair] for pair in runs], indent=1))
-        return 0
-    kind = "ILLUSTRATIVE" if profile.illustrative else "calibrated"
-    print(
-        f"plan: variant {variant}, profile {profile.name} ({kind}), {SOURCE}; server start {args.server_start_s:g} s"
-        f"; adaptive target {adaptive.target_ratio:g}x, {adaptive.max_rounds} rounds, {adaptive.max_levels} levels"
-    )
-    for seed, pair in enumerate(runs):
-        print(f"seed {seed}:")
-        print(format_plan(pair, spec_arms))
-    if args.seeds > 1:
-        for a in spec_arms:
-            for i, mode in enumerate(("fixed", "adaptive")):
-                widths = [pair[i].width(a) for pair in runs]
-                known = [w for w in widths if w is not None]
-                mins = [pair[i].total_s / 60 for pair in runs]
-                shown = f"median {np.median(known):.2f}x, {min(known):.2f}-{max(known):.2f}x" if known else "open"
-                print(
-                    f"{a} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
-                    f"median {np.median(mins):.1f} min"
-                )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsweep plan", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runs = [
+        [plan_sweep(prof, config, variant, m, seed, server_start_s) for m in (None, adaptive)] for seed in range(seeds)
+    ]
+    return ConfigPlan(variant, prof, adaptive, speculative_arms(config), server_start_s, runs)

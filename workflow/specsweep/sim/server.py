@@ -7,7 +7,6 @@ whatever accumulated since its last write as one chunk (several tokens under spe
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -29,11 +28,10 @@ from specsweep.sim.engine import (
     Schedule,
     SimRequest,
     StepResult,
-    parse_schedule,
 )
-from specsweep.sim.faults import FaultConfig, FaultState, HostDrift, add_fault_arguments, faults_from_args
+from specsweep.sim.faults import FaultConfig, FaultState, HostDrift
 from specsweep.sim.prefixcache import PrefixCache
-from specsweep.sim.profile import Profile, load_profile
+from specsweep.sim.profile import Profile
 
 SIM_VERSION = "0.1.0-sim"
 LAG_RESET_S = 0.05  # behind schedule by more than this: restart the schedule instead of bursting to catch up
@@ -577,36 +575,6 @@ def _chat_prompt(body: dict[str, Any]) -> list[str]:
     return [*words, "<|assistant|>"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on start)")
-    parser.add_argument("--profile", default="demo", help="packaged profile name or YAML path")
-    parser.add_argument("--speculative", action="store_true", help="run the EAGLE-3-like speculative arm")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-running-requests", type=int, default=None)
-    parser.add_argument(
-        "--debug-timestamps",
-        action="store_true",
-        help="add sim_sent_at (time.monotonic() just before the write) to every streamed chunk",
-    )
-    parser.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer' (like SGLang)")
-    parser.add_argument(
-        "--draft-tokens",
-        type=int,
-        default=None,
-        metavar="K",
-        help="with --speculative: draft tokens per step (default: the profile's speculative.draft_tokens)",
-    )
-    parser.add_argument(
-        "--spec-schedule",
-        default=None,
-        metavar="JSON",
-        help="with --speculative: draft tokens per number of running requests, vLLM's "
-        "num_speculative_tokens_per_batch_size, e.g. '[[1, 15, 3], [16, 1024, 0]]' (0: drafting off)",
-    )
-    add_fault_arguments(parser)
-
-
 async def serve(server: SimServer, host: str, port: int) -> None:
     """Serve until SIGTERM/SIGINT."""
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
@@ -629,41 +597,3 @@ async def serve(server: SimServer, host: str, port: int) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def run(args: argparse.Namespace) -> int:
-    profile = load_profile(args.profile)
-    if args.draft_tokens is not None:
-        if not args.speculative or args.draft_tokens < 1:
-            raise SystemExit("--draft-tokens needs --speculative and K >= 1")
-        profile = profile.with_params({"speculative.draft_tokens": args.draft_tokens})
-    schedule = None
-    if args.spec_schedule is not None:
-        if not args.speculative:
-            raise SystemExit("--spec-schedule needs --speculative")
-        try:
-            schedule = parse_schedule(args.spec_schedule)
-        except ValueError as e:
-            raise SystemExit(f"--spec-schedule: {e}") from None
-    server = SimServer(
-        profile,
-        speculative=args.speculative,
-        seed=args.seed,
-        max_running_requests=args.max_running_requests,
-        debug_timestamps=args.debug_timestamps,
-        faults=faults_from_args(args),
-        api_key=args.api_key,
-        schedule=schedule,
-    )
-    asyncio.run(serve(server, args.host, args.port))
-    return 0
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m specsweep.sim.server", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

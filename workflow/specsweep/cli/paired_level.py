@@ -1,0 +1,47 @@
+"""`specsweep paired-level`: measure one level of every fixed arm in interleaved blocks (`specsweep.interleave`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specsweep import servers
+from specsweep.cell import CellError
+from specsweep.interleave import out_dirs, run_level
+from specsweep.redact import MissingAPIKey
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--specs", required=True, help="arm -> cell spec as JSON text or a file, reference arm first")
+    parser.add_argument("--env", required=True, type=Path, help="the variant's fingerprint JSON (env rule)")
+    parser.add_argument("--out-root", required=True, type=Path, help="the variant's results folder")
+    parser.add_argument("--level", required=True, help="the level's folder name (c<C>)")
+    parser.add_argument(
+        "--reference-of",
+        help="a policy arm measured with the best fixed arm at this level (the first of --specs), whose cell "
+        "goes into the policy cell's reference/ folder",
+    )
+    parser.add_argument("--state-dir", required=True, type=Path, help="the experiment's server state folder")
+    parser.add_argument("--server-log-dir", required=True, type=Path)
+    parser.add_argument("--startup-timeout-s", type=float, help="seconds to wait for a server (default: the variant's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
+    specs = json.loads(text)
+    try:
+        out = run_level(
+            specs,
+            args.env,
+            out_dirs(specs, args.out_root, args.level, args.reference_of),
+            args.state_dir,
+            args.server_log_dir,
+            args.startup_timeout_s,
+        )
+    except (CellError, MissingAPIKey, servers.ServerError) as e:
+        print(f"interleaved level failed: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
+    return 0

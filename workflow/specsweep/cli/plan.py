@@ -1,0 +1,31 @@
+"""`specsweep plan`: plan a config's sweep in virtual time (`specsweep.sim.plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specsweep.config import ConfigError, load
+from specsweep.sim.plan import PlanError, plan_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="config/config.yaml", help="the experiment config (YAML)")
+    parser.add_argument("--variant", help="default: the config's first variant")
+    parser.add_argument("--profile", help="a calibrated profile (name or YAML); default: the sim variant's own")
+    parser.add_argument("--seeds", type=int, default=1, help="plan this many times (engine seeds 0..N-1)")
+    parser.add_argument(
+        "--server-start-s", type=float, default=0.0, help="seconds per server start (a real 8-GPU start: minutes)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = plan_config(load(args.config), args.variant, args.profile, args.seeds, args.server_start_s)
+    except (ConfigError, PlanError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(json.dumps(plan.as_json(), indent=1) if args.json else plan.format())
+    return 0

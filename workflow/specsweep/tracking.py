@@ -761,6 +761,8 @@ def track(
     """What `specsweep track` logs: `what` "sweep" (one variant x arm: its `summaries`, none for a policy arm
     that served no schedule) or "crossover" (the variant's `crossover` with its `sweeps` markers). Returns the
     marker (its run ids and the redacted tracking URI); TrackingFailed says where, what and the fix."""
+    if not ((what == "sweep" and arm) or (what == "crossover" and crossover)):
+        raise ValueError(f"track: a sweep is logged with its arm, a crossover with its crossover.json (got {what!r})")
     try:
         tracker = Tracker(config)
         if what == "sweep" and not summaries:  # a policy arm whose family got no schedule: nothing to log

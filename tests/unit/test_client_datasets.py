@@ -377,13 +377,13 @@ def test_bench_takes_the_same_datasets(tmp_path: Path, capsys: pytest.CaptureFix
             ["--url", url, *common, "--backend", "openai", "--endpoint", "chat", "--engine", "sim"]
             + ["--out", str(tmp_path / "out"), "--client-cpus", "none"]
         )
-        return await bench.bench(args)
+        return await bench.bench(bench_cli.options(args))
 
     assert with_sim(go) in (0, 1)  # 1: some gate failed on a busy machine; the workload is what is checked here
     w = json.loads((tmp_path / "out" / "c2" / "summary.json").read_text())["workload"]
     assert w["dataset"] == "sg" and w["dataset_chat"] == "history" and w["endpoint"] == "chat"
     args = parser.parse_args(["--url", "http://127.0.0.1:9", *common])  # conversations on completions
-    assert asyncio.run(bench.bench(args)) == 2
+    assert asyncio.run(bench.bench(bench_cli.options(args))) == 2
     assert "set workload.endpoint: chat" in capsys.readouterr().err
 
 

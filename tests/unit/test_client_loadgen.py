@@ -226,7 +226,7 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
                     "1000",
                 ]
             )
-            return await bench.bench(args)
+            return await bench.bench(bench_cli.options(args))
 
     rc = asyncio.run(go())
     for c, n in ((1, 8), (2, 8)):  # the schema's floor of 8 measured requests, plus C ramp requests

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import fields
 
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS
-from specsweep.client.bench import bench
+from specsweep.client.bench import BenchOptions, bench
 from specsweep.client.datasets import CHAT_MODES, FORMATS
 from specsweep.config import defaults
 from specsweep.engines import ENGINES
@@ -73,6 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
 
 
+def options(args: argparse.Namespace) -> BenchOptions:
+    """The parsed arguments as the library's options (the gates: one option each)."""
+    names = [f.name for f in fields(BenchOptions) if f.name != "gates"]
+    gates = {key: getattr(args, key) for key in defaults("gates")}
+    return BenchOptions(**{n: getattr(args, n) for n in names}, gates=gates)
+
+
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every level is valid, 1 when some level is invalid, 2 on usage errors."""
-    return asyncio.run(bench(args))
+    return asyncio.run(bench(options(args)))

@@ -7,11 +7,11 @@ pipeline, judged by the config schema's default gates.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from specsweep.client.cpu import pin_self, plan_cpus
 from specsweep.client.datasets import Dataset, DatasetError
 from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, level_prompts, templated
-from specsweep.config import defaults, read_dataset, request_count
+from specsweep.config import read_dataset, request_count
 from specsweep.engines import get_engine
 from specsweep.redact import MissingAPIKey, api_key_from_env
 from specsweep.summary import judged, level_summary, write_cell
@@ -84,14 +84,53 @@ class Progress:
             self._bar = None
 
 
-def _dataset(args: argparse.Namespace) -> Dataset | None:
+@dataclass
+class BenchOptions:
+    """What `specsweep bench` measures and how: its options, by their names there (`--slo-ttft-ms`: slo_ttft_ms),
+    with no defaults here: the command's are the config schema's (specsweep.cli.bench)."""
+
+    url: str
+    out: str
+    engine: str | None
+    backend: str
+    endpoint: str
+    transport: str
+    model: str | None
+    concurrency: list[int]
+    requests_per_concurrency: float
+    requests_floor: int
+    requests_max: int | None
+    duration_s: float | None
+    no_stagger: bool
+    input_tokens: int
+    output_tokens: int
+    warmup: int
+    repeats: int
+    seed: int
+    temperature: float
+    dataset: str | None
+    dataset_format: str
+    dataset_chat: str | None
+    tokenizer: str | None
+    api_key_env: str | None
+    request_timeout_s: float
+    no_reset: bool
+    client_cpus: str
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    slo_e2e_ms: float | None
+    server_max_running: int | None
+    gates: dict[str, float]  # validity gate -> threshold (the schema's `gates` keys)
+
+
+def _dataset(args: BenchOptions) -> Dataset | None:
     """The --dataset file, checked as the pipeline checks `workload.dataset` (config.read_dataset)."""
     ds = {"path": args.dataset, "format": args.dataset_format, "chat": args.dataset_chat} if args.dataset else None
     return read_dataset({"dataset": ds, "output_tokens": args.output_tokens, "endpoint": args.endpoint})
 
 
-async def bench(args: argparse.Namespace) -> int:
-    """Measure every level of `specsweep bench` (its parsed arguments): 0 when every level is valid, 1 when
+async def bench(args: BenchOptions) -> int:
+    """Measure every level: 0 when every level is valid, 1 when
     some level is invalid, 2 on bad input. This process's CPUs are given back after (it pins itself to the
     client's CPUs): a caller running it in-process, as the tests do, must not be left on one core."""
     affinity = os.sched_getaffinity(0)
@@ -101,7 +140,7 @@ async def bench(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, affinity)
 
 
-async def _bench_pinned(args: argparse.Namespace) -> int:
+async def _bench_pinned(args: BenchOptions) -> int:
     try:
         api_key = api_key_from_env(args.api_key_env)
         dataset = _dataset(args)
@@ -135,7 +174,7 @@ async def _bench_pinned(args: argparse.Namespace) -> int:
         )
         if v is not None
     }
-    gates = {key: getattr(args, key) for key in defaults("gates")}
+    gates = dict(args.gates)
     all_valid = True
     for c, n in counts.items():
         prompts = await level_prompts(

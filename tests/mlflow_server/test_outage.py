@@ -179,7 +179,7 @@ def test_jobs_starting_together_share_one_experiment_and_view(
     experiment, other checkouts): all get the one experiment, though all but one lose the create, and their
     first writes of the saved view collide (PostgreSQL answers one of them with a unique violation, about one
     round in six here: hence several rounds). Once each job has ended (its second look at the view,
-    `tracking.run`), the view charts every job's arm."""
+    `tracking.track`), the view charts every job's arm."""
     from specsweep.tracking import HTTP_ENV
 
     for var in HTTP_ENV.values():  # Tracker sets them: restored after the test

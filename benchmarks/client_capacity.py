@@ -118,7 +118,9 @@ async def _step(
     from specsweep.metrics import summarize
 
     chunks_per_request = 100
-    n_requests = max(concurrency, int(rate * seconds / chunks_per_request))
+    # at least 3 turnovers of every slot: with one (100 requests at C=100) the steady window held the fill and
+    # the drain, and at 2000/s it read ~1300 chunks/s with the client 11% busy ("client limited")
+    n_requests = max(3 * concurrency, int(rate * seconds / chunks_per_request))
     measured = await make_prompts(n_requests + concurrency, 8, seed=0)  # the staggered ramp: C more
     prompts = LevelPrompts(await make_prompts(0, 8, seed=0), [measured], unique=True)
     cpu0, srv0, t = time.process_time(), _cpu_s(server_pid), time.monotonic()

@@ -496,6 +496,14 @@ def repeat_metrics(
     return out
 
 
+def _stored_window(metrics: Mapping[str, Any]) -> tuple[float, float]:
+    """The steady window a repeat was measured with (its summary's), NaN where it had none: the one window its
+    throughput, goodput and the analysis's blocks use."""
+    w = metrics.get("steady_window") or {}
+    start, end = w.get("start_s"), w.get("end_s")
+    return (math.nan, math.nan) if start is None or end is None else (float(start), float(end))
+
+
 def _f(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
@@ -759,7 +767,11 @@ def judge(
     for rep in measured_summary["repeats"]:
         r = int(rep["repeat"])
         sub = records[records["repeat"] == r]
-        m = {**rep["metrics"], "goodput_rps": goodput_rps(sub, slos, *window(sub, concurrency)), "slos": dict(slos)}
+        m = {
+            **rep["metrics"],
+            "goodput_rps": goodput_rps(sub, slos, *_stored_window(rep["metrics"])),
+            "slos": dict(slos),
+        }
         v = validity(m, sub, concurrency, gates, server_max_running)
         per_rep.append({**rep, "metrics": m, "validity": v})  # what else the repeat recorded is kept
         valid &= v["valid"]

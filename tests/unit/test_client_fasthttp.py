@@ -214,3 +214,27 @@ def test_kernel_timestamps_survive_a_blocked_event_loop() -> None:
     assert r.ok, r.error
     delivery = [c - s for c, s in zip(r.chunk_s, r.server_chunk_s, strict=True)]
     assert max(delivery) < 0.02, delivery  # per-callback stamps would be up to ~80 ms late
+
+
+@pytest.mark.parametrize("kernel_ts", [True, False])
+def test_the_loops_selector_is_wrapped_only_without_kernel_stamps(kernel_ts: bool) -> None:
+    """With kernel stamps on every read the pool leaves asyncio's private selector alone; without them it
+    wraps `select()` to stamp chunks when the loop learnt of them, and unwraps it on close."""
+    from specsweep.client import fasthttp
+
+    if kernel_ts and not fasthttp._KERNEL_TS:
+        pytest.skip("kernel receive timestamps are Linux-only")
+
+    async def go() -> tuple[bool, bool, bool]:
+        selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        async with raw_server(lambda i: (CHUNKED_HEAD + chunked(sse(5), 64), False)) as url:
+            pool = FastPool(kernel_ts=kernel_ts)
+            try:
+                r = await send_request(pool, RequestSpec(url=url), "p", RequestRecord(0, 0, 5, 1))
+                wrapped = "select" in vars(selector)
+            finally:
+                pool.close()
+        return r.ok, wrapped, "select" in vars(selector)
+
+    ok, wrapped, after_close = asyncio.run(go())
+    assert ok and wrapped is (not kernel_ts) and not after_close

@@ -475,19 +475,26 @@ class FastPool:
         ctx = None
         if scheme == "https":
             ctx = self._ssl or ssl.create_default_context()
+        if ctx is None and self._kernel_ts:
+            # the kernel stamps every read: the loop's selector stays as asyncio made it (a read without a stamp,
+            # which has not been seen on Linux, takes its own read time)
+            conn = await _raw_connect(loop, host, port, _Conn(None, self.stats))
+        else:
+            clock = self._select_clock(loop)
+            _, conn = await loop.create_connection(lambda: _Conn(clock, self.stats), host, port, ssl=ctx)
+        self._all.add(conn)
+        return conn
+
+    def _select_clock(self, loop: asyncio.AbstractEventLoop) -> SelectClock | None:
+        """The select clock for connections without kernel stamps (https; kernel stamps off or unavailable),
+        installed on the loop at the first such connection."""
         if self._want_clock and self._clock is None:
             clock = SelectClock()
             if clock.install(loop):
                 self._clock = clock
             else:
                 self._want_clock = False
-        clock = self._clock
-        if ctx is None and self._kernel_ts:
-            conn = await _raw_connect(loop, host, port, _Conn(clock, self.stats))
-        else:
-            _, conn = await loop.create_connection(lambda: _Conn(clock, self.stats), host, port, ssl=ctx)
-        self._all.add(conn)
-        return conn
+        return self._clock
 
     async def prewarm(self, url: str, n: int) -> int:
         """Open up to `n` idle connections to `url`'s server; returns how many were opened.

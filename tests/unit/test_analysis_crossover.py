@@ -103,3 +103,40 @@ def test_interpolant_formulas() -> None:
     assert crossings_matrix(levels, s, "pchip_log")[0, 0] == pytest.approx(math.exp(2.0), rel=1e-9)
     with pytest.raises(ValueError):
         crossings_matrix(levels, s, "spline")
+
+
+def _cells(points: list[float], rng: np.random.Generator, nan_rows: dict[int, int]) -> list:
+    """CellBootstraps of aggregate throughput with 200 replicates at 3% noise; `nan_rows[level index]` replicates
+    without a value (a thin level's resample that held no valid request)."""
+    from specsweep.analysis.bootstrap import CellBootstrap
+
+    out = []
+    for i, p in enumerate(points):
+        reps = p * np.exp(rng.normal(0.0, 0.03, 200))
+        reps[: nan_rows.get(i, 0)] = np.nan
+        name = "aggregate_tok_s"
+        out.append(CellBootstrap(point={name: p}, replicates={name: reps}, has_interval={name: True}))
+    return out
+
+
+@pytest.mark.parametrize("missing", [10, 200])
+def test_replicates_without_a_value_at_a_level_are_left_out_not_read_as_no_crossing(missing: int) -> None:
+    """The analysis stopped (PCHIP refuses NaN) when some replicates of a used level had no value; they are now
+    left out and counted, and where none is complete there is no interval rather than the point for one."""
+    from specsweep.analysis.analyze import _metric_result
+    from specsweep.analysis.bootstrap import METRICS
+
+    rng = np.random.default_rng(0)
+    levels = np.array([1.0, 2.0, 5.0, 10.0, 30.0])
+    base = _cells([100.0] * 5, rng, {})
+    spec = _cells([150.0, 130.0, 110.0, 95.0, 80.0], rng, {2: missing})
+    out = _metric_result(METRICS[0], levels, base, spec, 0.95, "eagle3", "baseline")
+    assert out["replicates_incomplete"] == missing
+    x = out["crossover"]
+    assert 5.0 < x["estimate"] < 10.0
+    if missing < 200:
+        assert x["lo"] is not None and x["hi"] is not None and x["lo"] <= x["estimate"] <= x["hi"]
+    else:
+        assert x["lo"] is None and x["hi"] is None, x
+        assert x["states"]["lo"] == x["states"]["hi"] == "unknown"
+        assert out["crossings"][0]["lo"] is None and out["crossings"][0]["hi"] is None

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.signal import lfilter
 
-from specsweep import metrics
+from specsweep import gates, metrics
 from specsweep.analysis.cells import Cell, RequestArrays, block_layout
 from specsweep.config import defaults
 from specsweep.summary import cell_identity, summary_body, write_cell
@@ -334,7 +334,7 @@ def _summary_from_arrays(
     pr: pd.DataFrame,
     concurrency: int,
 ) -> dict[str, Any]:
-    """metrics + repeats[i].metrics as `specsweep.metrics.summarize` lays them out (the values it would give
+    """metrics + repeats[i].metrics as `specsweep.gates.summarize` lays them out (the values it would give
     for the compared metrics): steady-window throughput per repeat and pooled as their mean, latencies over
     the measured ok requests, per repeat and pooled."""
     reps = []
@@ -364,8 +364,8 @@ def _summary_from_arrays(
 
 
 def summary_metrics(df: pd.DataFrame, concurrency: int) -> dict[str, Any]:
-    """{metrics, repeats, validity} of request records, judged by the default gates (`metrics.summarize`)."""
-    return metrics.summarize(df, concurrency, defaults("gates"))
+    """{metrics, repeats, validity} of request records, judged by the default gates (`gates.summarize`)."""
+    return gates.summarize(df, concurrency, defaults("gates"))
 
 
 def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:

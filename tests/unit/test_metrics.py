@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from specsweep.config import defaults
+from specsweep.gates import summarize
 from specsweep.metrics import (
     accept_length_from_counters,
     itl,
@@ -16,7 +17,6 @@ from specsweep.metrics import (
     per_request,
     repeat_metrics,
     steady_window,
-    summarize,
 )
 
 pytestmark = pytest.mark.unit

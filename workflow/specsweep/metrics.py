@@ -1,4 +1,5 @@
-"""Per-cell metrics and validity gates: a pure function of the request records (docs/metrics.md defines each).
+"""Per-cell metrics: a pure function of the request records (docs/metrics.md defines each); the gates that
+judge them are `specsweep.gates`.
 
 Why pure: the same numbers must come out of a live measurement, a rerun from `requests.parquet`, and a unit
 test on hand-built records. No clocks, no I/O, no server calls here.
@@ -27,8 +28,6 @@ REPEAT_SCALARS = (
     "running_requests_mean",
     "achieved_rate_rps",
 )
-# A repeat whose chunks were kernel-stamped in at least this share of reads: loop lag cannot move its stamps.
-KERNEL_STAMPED = 0.99
 
 
 def stats(values: Iterable[float] | np.ndarray, scale: float = 1.0) -> dict[str, float | int | None]:
@@ -496,150 +495,8 @@ def repeat_metrics(
     return out
 
 
-def _stored_window(metrics: Mapping[str, Any]) -> tuple[float, float]:
-    """The steady window a repeat was measured with (its summary's), NaN where it had none: the one window its
-    throughput, goodput and the analysis's blocks use."""
-    w = metrics.get("steady_window") or {}
-    start, end = w.get("start_s"), w.get("end_s")
-    return (math.nan, math.nan) if start is None or end is None else (float(start), float(end))
-
-
 def _f(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
-
-
-def validity(
-    m: Mapping[str, Any],
-    df: pd.DataFrame,
-    concurrency: int,
-    gates: Mapping[str, Any],
-    server_max_running: int | None = None,
-) -> dict[str, Any]:
-    """Gates on one repeat's metrics -> {valid, reasons[], flags[]}. Reasons invalidate; flags inform.
-
-    The client gates judge the client by what can go wrong with it, not by the host's jitter: its own CPU
-    time (saturated), its run-queue wait (starved by another task on its core), the closed loop's fidelity
-    (achieved concurrency: in-flight drops below C only between an end and the next send), and loop lag only
-    where it can move timestamps (chunks not stamped by the kernel), measured above the host's idle lag.
-    `gates` uses the config's key names (workflow/schemas/config.schema.yaml, `gates:`).
-    """
-    reasons: list[str] = []
-    flags: list[str] = []
-    c = m["client"]
-    if c["busy_share"] is None:
-        flags.append("client saturation not judged: its CPU share is missing (no CPU accounting from the client)")
-    elif c["busy_share"] > gates["max_client_cpu_share"]:
-        reasons.append(
-            f"client saturated: its own work used {c['busy_share']:.0%} of its CPU "
-            f"> {gates['max_client_cpu_share']:.0%} (fewer streams per client, or a faster client CPU)"
-        )
-    if c["wait_share"] is None:
-        flags.append("client run-queue wait unknown (no /proc/self/schedstat): starvation not checked")
-    elif c["wait_share"] > gates["max_client_wait_share"]:
-        reasons.append(
-            f"client starved: it waited for a CPU {c['wait_share']:.0%} of the time "
-            f"> {gates['max_client_wait_share']:.0%} (another process shares its core; see client.cpus)"
-        )
-    if c.get("shared_cpus") and not gates["allow_shared_cpus"]:
-        reasons.append(
-            f"client and server share CPUs {c['shared_cpus']}: the engine's figures include the client's work and "
-            "the client can be starved (give them separate CPUs: client.cpus, variants.<name>.cpus)"
-        )
-    foreign, resolution = c.get("foreign_cpu_share"), c.get("foreign_cpu_resolution") or 0.0
-    if foreign is None:
-        flags.append(
-            "machine busy not judged: other processes' CPU share is missing (the server's CPU time was not read: "
-            "a server on another host, or no CPU accounting from the client)"
-        )
-    elif foreign - resolution > gates["max_foreign_cpu_share"]:
-        reasons.append(
-            f"machine busy: other processes used {foreign:.0%} (±{resolution:.0%}: clock ticks) of the "
-            f"measurement's CPUs > {gates['max_foreign_cpu_share']:.0%} (the engine and client shared them with "
-            "other work)"
-        )
-    elif resolution >= gates["max_foreign_cpu_share"]:
-        flags.append(
-            f"other processes' CPU share not judged: the repeat is too short for the clock-tick counters "
-            f"(±{resolution:.0%} >= {gates['max_foreign_cpu_share']:.0%}; longer windows: workload.requests)"
-        )
-    kernel = (c["stamps"] or {}).get("kernel_share")
-    kernel_stamped = kernel is not None and kernel >= KERNEL_STAMPED  # a late loop then delays parsing, not stamps
-    excess = c["loop_lag_excess_p99_ms"]
-    if excess is None:
-        flags.append("no loop-lag samples: client keep-up not checked")
-    elif not kernel_stamped and excess > gates["max_loop_lag_excess_ms"]:
-        reasons.append(
-            f"client event-loop lag p99 {c['loop_lag_ms']['p99']:.2f} ms is {excess:.2f} ms above the host's idle "
-            f"{c['idle_lag_ms']['p99'] or 0:.2f} ms (> {gates['max_loop_lag_excess_ms']:g} ms) and chunks are "
-            "not kernel-stamped: timestamps include client delay"
-        )
-    ach = m["achieved_concurrency"]
-    if m.get("load") == "open":
-        _open_loop_validity(m, df, gates, reasons, flags)
-    elif ach is None or ach < gates["min_achieved_concurrency_ratio"] * concurrency:
-        shown = "n/a" if ach is None else f"{ach:.2f}"
-        reasons.append(
-            f"achieved concurrency {shown} < {gates['min_achieved_concurrency_ratio']:.0%} of C={concurrency}"
-            + ("" if m["steady_window_s"] else ": empty steady window (raise workload.requests.per_concurrency)")
-        )
-    err = m["errors"]
-    if err["rate"] > gates["max_error_rate"]:
-        kinds = ", ".join(f"{k}={v}" for k, v in sorted(err["by_kind"].items()))
-        reasons.append(f"error rate {err['rate']:.2%} > {gates['max_error_rate']:.2%} ({kinds})")
-    short = int((df["error_kind"] == "short_output").sum())
-    short += int(((df["output_tokens"] < df["expected_output_tokens"]) & df["ok"]).sum())
-    if short:
-        reasons.append(f"{short} request(s) produced fewer output tokens than asked")
-    hit = m["prefix_cache"]["hit_rate"]
-    if m["prefix_cache"]["source"] is None:
-        flags.append("prefix-cache hits not reported by this server: cell isolation not checked")
-    elif hit is not None and hit > gates["max_prefix_cache_hit_rate"]:
-        reasons.append(
-            f"prefix-cache hit rate {hit:.1%} > {gates['max_prefix_cache_hit_rate']:.0%}: requests were served "
-            "from an earlier cell's cache (reset the cache between cells; see docs/engines.md)"
-        )
-    if server_max_running is not None and m.get("load") != "open" and concurrency > server_max_running:
-        flags.append(
-            f"C={concurrency} exceeds the server's running-request cap {server_max_running}: "
-            "the excess requests queue inside the server"
-        )
-    okdf = df[df["ok"] & (df["server_output_tokens"] >= 0)]
-    mismatch = int((okdf["server_output_tokens"] != okdf["output_tokens"]).sum())
-    if mismatch:
-        flags.append(f"{mismatch} request(s): streamed token count differs from the server's usage")
-    return {"valid": not reasons, "reasons": reasons, "flags": flags}
-
-
-def _open_loop_validity(
-    m: Mapping[str, Any], df: pd.DataFrame, gates: Mapping[str, Any], reasons: list[str], flags: list[str]
-) -> None:
-    """An open loop's own gates: a window to measure in, and sends on plan. A send counts as late when it
-    left more than `max_loop_lag_excess_ms` after its plan beyond the host's idle timer jitter (the loop-lag
-    gate's rule); the repeat is invalid when more than `max_late_send_share` of its sends were late. Why a
-    share, not a p99: a starved client sends many requests late, while one stall of a jittery host (measured
-    here: one 106 ms pause of the client's loop in a 12 s repeat, 2 of 96 sends late) leaves the offered load
-    as planned. Requests the in-flight cap held back are the load's doing, flagged."""
-    if not m["steady_window_s"]:
-        reasons.append("empty steady window: the level ended within one request time (raise load.duration_s)")
-    idle_p99 = m["client"]["idle_lag_ms"]["p99"] or 0.0
-    lag_ms = send_lag(df) * 1e3
-    if lag_ms.size:
-        late = float((lag_ms - idle_p99 > gates["max_loop_lag_excess_ms"]).mean())
-        if late > gates["max_late_send_share"]:
-            limit, excess = gates["max_late_send_share"], gates["max_loop_lag_excess_ms"]
-            reasons.append(
-                f"client sent late: {late:.0%} of requests left more than {excess:g} ms after their planned time "
-                f"beyond the host's idle {idle_p99:.2f} ms (> {limit:.0%}; send lag p99 "
-                f"{m['send_lag_ms']['p99']:.2f} ms): the arrivals were not the planned ones"
-            )
-        elif late > 0:
-            flags.append(f"{late:.1%} of requests sent late (a stall of the client or the host; within the gate)")
-    held = m.get("held_share")
-    if held:
-        flags.append(
-            f"the in-flight cap held back {held:.0%} of arrivals: the server did not keep up with the offered rate "
-            "(above it the level is a closed loop at the cap; load.max_in_flight)"
-        )
 
 
 def measure_summary(
@@ -712,104 +569,6 @@ def _pool_repeats(pooled: dict[str, Any], per_rep: list[dict[str, Any]]) -> None
             pooled["spec_counters"] = c
             if c["accept_length"] is not None:
                 pooled["accept_length"] = c["accept_length"]
-
-
-def block_drift(measured_summary: Mapping[str, Any]) -> float | None:
-    """An interleaved cell's steady throughput in its last block over its first, minus 1 (None: not an
-    interleaved cell with two blocks, or a block without the figure)."""
-    pairing = measured_summary.get("pairing") or {}
-    reps = measured_summary["repeats"]
-    if pairing.get("mode") != "interleaved" or len(reps) < 2:
-        return None
-    first, last = (min(reps, key=lambda r: int(r["repeat"])), max(reps, key=lambda r: int(r["repeat"])))
-    a, b = first["metrics"].get("output_tok_s_steady"), last["metrics"].get("output_tok_s_steady")
-    if not a or b is None:
-        return None
-    return float(b) / float(a) - 1.0
-
-
-def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(reason, flag) of the drift gate: an arm whose first and last interleaved blocks differ by more than
-    max_block_drift saw the host change speed inside the level (a step the paired ratio does not cancel)."""
-    if (measured_summary.get("pairing") or {}).get("mode") != "interleaved" or len(measured_summary["repeats"]) < 2:
-        return None, None
-    drift = block_drift(measured_summary)
-    if drift is None:
-        return None, "block drift not judged: a block's steady throughput is missing"
-    if abs(drift) > gates["max_block_drift"]:
-        return (
-            f"drift: steady throughput {drift:+.0%} from the first interleaved block to the last "
-            f"(> ±{gates['max_block_drift']:.0%}): the host changed speed during the level; re-measure it",
-            None,
-        )
-    return None, None
-
-
-def judge(
-    measured_summary: Mapping[str, Any],
-    records: pd.DataFrame,
-    concurrency: int,
-    gates: Mapping[str, Any],
-    slos: Mapping[str, float] | None = None,
-    server_max_running: int | None = None,
-) -> dict[str, Any]:
-    """A measured summary judged by `gates` and `slos`: {metrics, repeats, validity} with goodput filled in.
-
-    The one place validity is decided. A cell is valid only if every repeat is. Runs on stored records, so
-    the analysis re-judges finished cells under changed gates or SLOs without measuring again.
-    """
-    if "repeat" not in records:
-        records = records.assign(repeat=0)
-    slos = {k: float(v) for k, v in (slos or {}).items() if v is not None}
-    per_rep: list[dict[str, Any]] = []
-    valid, reasons, flags = True, [], []
-    multi = len(measured_summary["repeats"]) > 1
-    for rep in measured_summary["repeats"]:
-        r = int(rep["repeat"])
-        sub = records[records["repeat"] == r]
-        m = {
-            **rep["metrics"],
-            "goodput_rps": goodput_rps(sub, slos, *_stored_window(rep["metrics"])),
-            "slos": dict(slos),
-        }
-        v = validity(m, sub, concurrency, gates, server_max_running)
-        per_rep.append({**rep, "metrics": m, "validity": v})  # what else the repeat recorded is kept
-        valid &= v["valid"]
-        prefix = f"repeat {r}: " if multi else ""
-        reasons += [prefix + x for x in v["reasons"]]
-        flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
-    drift_reason, drift_flag = block_drift_gate(measured_summary, gates)
-    if drift_reason:
-        valid = False
-        reasons.append(drift_reason)
-    if drift_flag:
-        flags.append(drift_flag)
-    pooled = dict(measured_summary["metrics"])
-    if pooled:
-        pooled["slos"] = dict(slos)
-        vals = [p["metrics"]["goodput_rps"] for p in per_rep if p["metrics"]["goodput_rps"] is not None]
-        pooled["goodput_rps"] = float(np.mean(vals)) if vals else None
-        pooled["repeat_spread"] = {**pooled.get("repeat_spread", {}), "goodput_rps": stats(vals)}
-    if not per_rep:
-        valid, reasons = False, ["no requests recorded"]
-    return {
-        "metrics": pooled,
-        "repeats": per_rep,
-        "validity": {"valid": bool(valid), "reasons": reasons, "flags": list(dict.fromkeys(flags))},
-    }
-
-
-def summarize(
-    records: pd.DataFrame,
-    concurrency: int,
-    gates: Mapping[str, float],
-    slos: Mapping[str, float] | None = None,
-    repeats: Sequence[Mapping[str, Any]] | None = None,
-    server_max_running: int | None = None,
-) -> dict[str, Any]:
-    """`measure_summary` judged at once by `judge`: for callers that hold the gates when they measure."""
-    measured_summary = measure_summary(records, concurrency, repeats)
-    return judge(measured_summary, records, concurrency, gates, slos, server_max_running)
 
 
 def _worst_client(per_rep: list[dict[str, Any]], pooled: dict[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from specsweep.client.cpu import CpuPlan, format_cpus
 from specsweep.client.loadgen import LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
 from specsweep.engines import served_as_asked
+from specsweep.gates import judge
 from specsweep.io import atomic_path
-from specsweep.metrics import jsonable, judge, measure_summary
+from specsweep.metrics import jsonable, measure_summary
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -123,7 +124,7 @@ def judged(
     gates: dict[str, Any],
     slos: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    """summary.json judged by `gates` and `slos` (`metrics.judge`): the same layout with `validity`, goodput
+    """summary.json judged by `gates` and `slos` (`gates.judge`): the same layout with `validity`, goodput
     and `judged_with` filled in. The measuring process's own `measurement.reasons` (a cell it knows to be
     broken) invalidate whatever the gates; its `measurement.flags` are shown beside the gates' flags. A server
     that reports not doing what its command asked (fusion, adaptive speculation: `engines.served_as_asked`)

@@ -8,18 +8,22 @@ environment fingerprint, analysis, MLflow tracking and Snakemake itself. Figures
     python benchmarks/default_run.py [--config config/config.yaml]
     python benchmarks/default_run.py --results DIR    # a finished run (DIR holds config.yaml and results/)
     python benchmarks/default_run.py --readme         # and regenerate README.md's sample output from this run
+    python benchmarks/default_run.py --hog-at 240     # a CPU hog on every core from 240 s for 60 s (--hog-for):
+                                                      # the cells it disturbs are measured again (cell_attempts)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -102,7 +106,8 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | Non
         print(f"no cells under {res}: not a finished run of experiment {exp!r}", file=sys.stderr)
         return 1
     measuring = sum(s["measured_s"] for s in summaries)
-    cells = sum(v for k, v in bench.items() if k.startswith("cell."))
+    # cell jobs: one arm's cell (`cell.*`, a policy arm's paired level) or every fixed arm's level (`paired.*`)
+    cells = sum(v for k, v in bench.items() if k.startswith(("cell.", "paired.")))
     startup = sum(s["server"]["ready_after_s"] for s in summaries)
     tracking = sum(v for k, v in bench.items() if k.startswith("track_"))
     analysis = sum(v for k, v in bench.items() if k.startswith("crossover."))
@@ -126,12 +131,60 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | Non
     print(f"  outside measuring: {total - measuring:.1f} s ({100 * (total - measuring) / total:.1f} %)")
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
+    print_attempts(res)
     if stdout:
         print(stdout[stdout.find("=" * 20) :])
     if rev is not None:  # --readme: the run as it printed, invalid cells and their re-measure command included
         write_readme_sample(final_block(stdout, work), stamp_line(summaries, wall, rev))
         print(f"README sample written ({README})")
     return 0 if valid == len(summaries) else 1
+
+
+def print_attempts(res: Path) -> None:
+    """Every cell measured more than once (`cell_attempts`): the attempts made, the one that counts and why the
+    others did not (their first reason)."""
+    again = []
+    for path in sorted(res.glob("*/*/c*/summary.json")):
+        attempts = json.loads(path.read_text()).get("attempts") or {}
+        if attempts.get("made", 1) > 1:
+            again.append((path.parent.relative_to(res).as_posix(), attempts))
+    print(f"  cells measured more than once: {len(again)}")
+    for cell, a in again:
+        dropped = [(e.get("reasons") or ["?"])[0] for e in a["log"][: a["counted"] - 1]]
+        print(f"    {cell}: {a['made']} attempts, #{a['counted']} counts ({a['why']}); before: {'; '.join(dropped)}")
+
+
+class Hog:
+    """Busy loops on every CPU from `at_s` after start for `for_s` seconds: another user of the machine."""
+
+    def __init__(self, at_s: float, for_s: float) -> None:
+        self.at_s, self.for_s = at_s, for_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started: float | None = None
+        self._timer = threading.Timer(at_s, self._start)
+        self._stop = threading.Timer(at_s + for_s, self.stop)
+
+    def __enter__(self) -> Hog:
+        self._timer.start()
+        self._stop.start()
+        return self
+
+    def _start(self) -> None:
+        self.started = time.monotonic()
+        loop = [sys.executable, "-c", "while True: pass"]
+        self.procs = [subprocess.Popen(loop) for _ in range(os.cpu_count() or 1)]
+        print(f"hog: {len(self.procs)} busy loops started", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self._stop.cancel()
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="a finished run's folder (holding results/): report, not run")
     parser.add_argument("--smoke", action="store_true", help="with --results: the test suite's check that it runs")
     parser.add_argument("--readme", action="store_true", help="put this run's final output in README.md's sample")
+    parser.add_argument("--hog-at", type=float, help="start a busy loop per CPU this many seconds into the run")
+    parser.add_argument("--hog-for", type=float, default=60.0, help="seconds the hog runs (default 60)")
     args = parser.parse_args(argv)
+    if args.hog_at is not None and (args.results or args.readme):
+        parser.error("--hog-at disturbs a run it starts: not with --results, and not for the README's sample")
     if args.smoke and not args.results:
         parser.error("--smoke reports a finished run: give --results DIR (the test suite passes its tiny run)")
     exp = yaml.safe_load(args.config.read_text())["experiment"]
@@ -165,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         "config.yaml",
     ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    if args.hog_at is None:
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    else:
+        with Hog(args.hog_at, args.hog_for) as hog:
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        if hog.started is None:
+            print(f"hog: the run ended before {args.hog_at:g} s; nothing disturbed it", file=sys.stderr)
+        else:
+            print(f"hog: busy loops from {hog.started - t0:.0f} s to {hog.started - t0 + args.hog_for:.0f} s")
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])

@@ -98,7 +98,10 @@ def test_scancel_leaves_no_server_and_a_rerun_measures_only_the_missing_cells(
     first = subprocess.Popen(
         snakemake_cmd(tmp_path, *cells, extra=("--no-hooks",)),
         cwd=tmp_path,
-        env=cluster,
+        env={**cluster, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread's stack (below)
+        # Ctrl-C at a terminal: SIGINT handled. A test run started in the background (`... &` in a script) hands
+        # its children SIGINT ignored, and Python keeps it so: Snakemake then ignored all six Ctrl-C here.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
@@ -129,7 +132,11 @@ def test_scancel_leaves_no_server_and_a_rerun_measures_only_the_missing_cells(
                 break
             except subprocess.TimeoutExpired:
                 continue
-        assert first.poll() is not None, "the workflow did not stop on Ctrl-C"
+        if first.poll() is None:
+            # where it waits goes into the log, for the failure below to show
+            first.send_signal(signal.SIGABRT)
+            first.wait(timeout=20)
+            pytest.fail(f"the workflow did not stop on Ctrl-C; its threads' stacks:\n{log.read_text()[-12000:]}")
         assert first.returncode != 0, log.read_text()[-3000:]
     finally:
         if first.poll() is None:

@@ -155,36 +155,30 @@ def print_attempts(res: Path) -> None:
 
 
 class Hog:
-    """Busy loops on every CPU from `at_s` after start for `for_s` seconds: another user of the machine."""
+    """Busy loops on every CPU from `at_s` after start for `for_s` seconds: another user of the machine. Each loop
+    ends itself after `for_s` (none outlives this script, even killed); leaving the block ends them at once."""
 
     def __init__(self, at_s: float, for_s: float) -> None:
-        self.at_s, self.for_s = at_s, for_s
+        self.for_s = for_s
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started: float | None = None
         self._timer = threading.Timer(at_s, self._start)
-        self._stop = threading.Timer(at_s + for_s, self.stop)
 
     def __enter__(self) -> Hog:
         self._timer.start()
-        self._stop.start()
         return self
 
     def _start(self) -> None:
         self.started = time.monotonic()
-        loop = [sys.executable, "-c", "while True: pass"]
-        self.procs = [subprocess.Popen(loop) for _ in range(os.cpu_count() or 1)]
+        loop = f"import time\nend = time.monotonic() + {self.for_s}\nwhile time.monotonic() < end: pass\n"
+        self.procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(os.cpu_count() or 1)]
         print(f"hog: {len(self.procs)} busy loops started", file=sys.stderr, flush=True)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()
-        self.procs = []
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
-        self._stop.cancel()
-        self.stop()
+        for p in self.procs:
+            p.kill()
+            p.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -201,6 +201,21 @@ def test_drift_gate_judges_or_says_why_not() -> None:
     assert not transient_only(["[eagle3] repeat 0: 2 of 8 requests failed"]) and not transient_only([])
 
 
+def test_a_drift_the_next_attempt_met_again_is_a_flag_not_a_reason() -> None:
+    """The level job stops after two drifting attempts (`heal.drift_persists`) and keeps the second; read back,
+    its drift is a flag: the rounds' spread carries it into the paired interval."""
+    gates = {"max_block_drift": 0.2}
+    drifted = "[baseline] drift: steady throughput +40% from the first interleaved block to the last (> ±20%)"
+    summary = drift_summary(100.0, 70.0)
+    summary["attempts"] = {"counted": 2, "made": 2, "log": [{"reasons": [drifted]}, {"reasons": [drifted]}]}
+    reason, flag = block_drift_gate(summary, gates)
+    assert reason is None and flag is not None and "faster than the blocks alternate" in flag
+    # an attempt before that was busy, not drifting: the drift is measured again, so it stays a reason
+    summary["attempts"]["log"][0]["reasons"] = ["[baseline] repeat 0: machine busy: ..."]
+    reason, flag = block_drift_gate(summary, gates)
+    assert reason is not None and reason.endswith("re-measure it") and flag is None
+
+
 BASE_CONFIG: dict[str, Any] = {
     "experiment": "x",
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},

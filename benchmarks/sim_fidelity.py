@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import csv
 
-from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
-from specsweep.sim.predict import simulate_level
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.virtual.predict import simulate_level
 
 SINGLE_STREAM = [  # (seed stack, arm, profile)
     ("cuda12.8", "baseline", "kimi-k25-cu128"),

@@ -1,7 +1,7 @@
 """Real-time fidelity of the simulated server: achieved vs model throughput per level.
 
 Starts `specsweep serve-sim` in a subprocess (its own core), drives it with the sim's own minimal
-closed-loop client (specsweep.sim.loadcheck) and compares the steady-window aggregate throughput with the
+closed-loop client (specsweep.virtual.loadcheck) and compares the steady-window aggregate throughput with the
 virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1. Both sides use
 the pipeline's staggered slots (C ramp requests, then the measured ones; `--no-stagger` for none) and the
 metrics module's steady window.
@@ -15,9 +15,9 @@ import asyncio
 
 import aiohttp
 
-from specsweep.sim.loadcheck import closed_loop, sim_server
-from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.loadcheck import closed_loop, sim_server
+from specsweep.virtual.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 
 
 async def resets(url: str) -> int:

@@ -29,15 +29,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from specsweep.sim.fit import (  # noqa: E402  (run from a checkout, package not installed)
+from specsweep.sim.profile import Profile, load_profile, profile_from_dict  # noqa: E402
+from specsweep.virtual.fit import (  # noqa: E402  (run from a checkout, package not installed)
     Target,
     load_targets,
     seed_csv_path,
     simulated_tok_s,
     workload_of,
 )
-from specsweep.sim.profile import Profile, load_profile, profile_from_dict  # noqa: E402
-from specsweep.sim.uncertainty import identify, sweep_intervals  # noqa: E402
+from specsweep.virtual.uncertainty import identify, sweep_intervals  # noqa: E402
 
 # A starting point for the tiny Llama on vLLM's CPU build (step ~2 ms at batch 1, ~9 ms at 64; ngram drafts
 # nearly free, accepted ~95%): every value is fitted, this only sets where the search starts.

@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from specsweep.analysis.adaptive import AdaptiveSettings, measuring_seconds  # noqa: E402  (run from a checkout)
 from specsweep.config import load, validate  # noqa: E402
-from specsweep.sim.plan import plan_sweep  # noqa: E402
 from specsweep.sim.profile import load_profile  # noqa: E402
+from specsweep.virtual.plan import plan_sweep  # noqa: E402
 
 COARSE = [1, 3, 10, 30, 100, 250]
 KIMI_PROFILES = ["kimi-k25-cu128", "kimi-k25-cu130", "kimi-k25-cu130-fusion"]

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from specsweep import config as ssconfig
-from specsweep import tracking
-from specsweep.run_notes import cell_note
+from specsweep.tracking import payloads
+from specsweep.tracking.notes import cell_note
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
@@ -102,7 +102,7 @@ def test_server_facts_keep_no_secret(cells, tmp_path: Path, monkeypatch: pytest.
     assert raw["speculative_num_draft_tokens"] == 4 and raw["max_total_num_tokens"] == 655360  # facts are kept
     stored = cells.all_text() + pd.read_parquet(cells.out_dir("cell") / "requests.parquet").to_json()
     payload = json.dumps(
-        [tracking.cell_params(summary), tracking.cell_metrics(summary), cell_note(summary)], default=str
+        [payloads.cell_params(summary), payloads.cell_metrics(summary), cell_note(summary)], default=str
     )
     for secret in (key, admin):
         assert secret not in stored, f"{secret} stored under {cells.root}"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from specsweep.mlflow_view import VIEW_KEY, view_arms
+from specsweep.tracking.view import VIEW_KEY, view_arms
 from tests.conftest import sim_server_processes
 from tests.mlflow_server.conftest import (
     FaultyProxy,
@@ -145,7 +145,7 @@ def test_outage_then_two_checkouts_rerun_at_once(mlflow_server: MlflowServer, cl
 
 def _open_together(url: str, name: str, n: int) -> tuple[list[Any], list[BaseException]]:
     """n Trackers of experiment `name` opened at the same instant from n threads, each with an arm of its own."""
-    from specsweep.tracking import Tracker
+    from specsweep.tracking.store import Tracker
 
     barrier = threading.Barrier(n)
     trackers: list[Any] = [None] * n
@@ -179,8 +179,8 @@ def test_jobs_starting_together_share_one_experiment_and_view(
     experiment, other checkouts): all get the one experiment, though all but one lose the create, and their
     first writes of the saved view collide (PostgreSQL answers one of them with a unique violation, about one
     round in six here: hence several rounds). Once each job has ended (its second look at the view,
-    `tracking.track`), the view charts every job's arm."""
-    from specsweep.tracking import HTTP_ENV
+    `tracking.log.track`), the view charts every job's arm."""
+    from specsweep.tracking.uri import HTTP_ENV
 
     for var in HTTP_ENV.values():  # Tracker sets them: restored after the test
         monkeypatch.setenv(var, "0")

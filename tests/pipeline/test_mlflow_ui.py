@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from specsweep.mlflow_view import VIEW_NAME
+from specsweep.tracking.view import VIEW_NAME
 from tests.conftest import REPO, SNAKEMAKE, missing
 from tests.pipeline.conftest import EXP
 

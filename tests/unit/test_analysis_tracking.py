@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 
 from specsweep.final import final_text
-from specsweep.mlflow_view import VIEW_KEY, VIEW_NAME, view_tag
-from specsweep.run_notes import crossover_note
 from specsweep.stack_facts import stack_facts
-from specsweep.tracking import (
-    _crossover_numbers,
-    _curves,
-    _verdict_tags,
+from specsweep.tracking.notes import crossover_note
+from specsweep.tracking.payloads import (
     cell_metrics,
     cell_run_name,
+    crossover_numbers,
+    curves,
     headline_metrics,
     sweep_params,
+    verdict_tags,
 )
+from specsweep.tracking.view import VIEW_KEY, VIEW_NAME, view_tag
 
 pytestmark = pytest.mark.unit
 
@@ -69,15 +69,15 @@ def _arm(threshold: int | None, kind: str) -> dict[str, Any]:
 
 
 def test_no_threshold_metric_when_inconclusive() -> None:
-    nums = _crossover_numbers(_arm(None, "inconclusive"))
+    nums = crossover_numbers(_arm(None, "inconclusive"))
     assert "threshold" not in nums and nums["conclusive"] == 0.0
     assert nums["crossover_concurrency"] == 7.5 and nums["interpolation_max"] == 8.1
-    nums = _crossover_numbers(_arm(3, "crossover"))
+    nums = crossover_numbers(_arm(3, "crossover"))
     assert nums["threshold"] == 3.0 and nums["conclusive"] == 1.0
     # an older layout without verdict or interpolation
     old = {"crossover_concurrency": 21.9, "crossover_ci_low": None, "threshold": 19}
-    assert _crossover_numbers(old) == {"crossover_concurrency": 21.9, "threshold": 19.0}
-    assert _verdict_tags({"arms": {"eagle3": _arm(None, "inconclusive")}}) == {
+    assert crossover_numbers(old) == {"crossover_concurrency": 21.9, "threshold": 19.0}
+    assert verdict_tags({"arms": {"eagle3": _arm(None, "inconclusive")}}) == {
         "specsweep.verdict.eagle3": "inconclusive"
     }
 
@@ -152,7 +152,7 @@ def test_crossover_curves_are_step_logged_by_concurrency() -> None:
             }
         },
     }
-    got = {(m.key, m.step): m.value for m in _curves(data)}
+    got = {(m.key, m.step): m.value for m in curves(data)}
     assert got == {
         ("eagle3.speedup", 1): 1.5,
         ("eagle3.speedup_lo", 1): 1.4,

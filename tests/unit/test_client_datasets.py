@@ -18,9 +18,9 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from specsweep import bench
 from specsweep.cell import CellError, chat_render, client_variant, run_cell
 from specsweep.cli import bench as bench_cli
-from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.datasets import Dataset, DatasetError, load_dataset
 from specsweep.client.fasthttp import FastPool

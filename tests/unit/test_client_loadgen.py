@@ -11,8 +11,8 @@ import aiohttp
 import pandas as pd
 import pytest
 
+from specsweep import bench
 from specsweep.cli import bench as bench_cli
-from specsweep.client import bench
 from specsweep.client.backends import RequestRecord, RequestSpec
 from specsweep.client.datasets import DatasetError, load_dataset
 from specsweep.client.loadgen import RECORD_COLUMNS, measure_level, ramp_length

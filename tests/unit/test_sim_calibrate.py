@@ -8,10 +8,10 @@ import json
 import pytest
 
 from specsweep.cli import calibrate as cal
-from specsweep.sim import fit
-from specsweep.sim.bounds import check_profile
-from specsweep.sim.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
 from specsweep.sim.profile import dump_profile, load_profile
+from specsweep.virtual import fit
+from specsweep.virtual.bounds import check_profile
+from specsweep.virtual.predict import DEFAULT_LEVELS, requests_for_level, simulate_level
 
 pytestmark = pytest.mark.unit
 

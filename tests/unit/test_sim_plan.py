@@ -11,8 +11,8 @@ import yaml
 from specsweep.analysis.adaptive import AdaptiveSettings
 from specsweep.cli import main
 from specsweep.config import load, load_yaml, requests_for
-from specsweep.sim.plan import plan_sweep
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.plan import plan_sweep
 
 pytestmark = pytest.mark.unit
 

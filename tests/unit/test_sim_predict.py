@@ -14,10 +14,11 @@ from specsweep.analysis import crossover
 from specsweep.cli import predict as predict_cli
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import defaults
-from specsweep.sim import predict as predict_mod
-from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
-from specsweep.sim.forecast import resolve_workload
-from specsweep.sim.predict import (
+from specsweep.sim.profile import load_profile
+from specsweep.virtual import predict as predict_mod
+from specsweep.virtual.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.virtual.forecast import resolve_workload
+from specsweep.virtual.predict import (
     DEFAULT_LEVELS,
     WORKLOAD_DEFAULTS,
     level_records,
@@ -26,7 +27,6 @@ from specsweep.sim.predict import (
     simulate_level,
     summarize_level,
 )
-from specsweep.sim.profile import load_profile
 
 pytestmark = pytest.mark.unit
 

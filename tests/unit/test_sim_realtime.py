@@ -12,9 +12,9 @@ import asyncio
 
 import pytest
 
-from specsweep.sim.loadcheck import closed_loop, sim_server
-from specsweep.sim.predict import simulate_level
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.loadcheck import closed_loop, sim_server
+from specsweep.virtual.predict import simulate_level
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specsweep.sim.engine import Engine, parse_schedule, scheduled_k, step_time
-from specsweep.sim.predict import predict_sweep
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.predict import predict_sweep
 
 pytestmark = pytest.mark.unit
 

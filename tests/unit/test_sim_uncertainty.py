@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from specsweep.sim.bounds import check_profile, read_floors
-from specsweep.sim.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
-from specsweep.sim.predict import predict_sweep
 from specsweep.sim.profile import Hardware, load_profile
-from specsweep.sim.uncertainty import format_intervals, identify, sweep_intervals
+from specsweep.virtual.bounds import check_profile, read_floors
+from specsweep.virtual.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
+from specsweep.virtual.predict import predict_sweep
+from specsweep.virtual.uncertainty import format_intervals, identify, sweep_intervals
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,9 @@ from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, UNAUTHENTICATED
 
 from specsweep.config import tracking_spec
 from specsweep.final import final_text
-from specsweep.mlflow_view import view_arms, view_tag
 from specsweep.redact import MASK, redact_text, redact_uri, split_uri_credentials
-from specsweep.tracking import USER_ENV, credentials_to_env, failure_text, ui_base, ui_command
+from specsweep.tracking.uri import USER_ENV, credentials_to_env, failure_text, ui_base, ui_command
+from specsweep.tracking.view import view_arms, view_tag
 
 pytestmark = pytest.mark.unit
 

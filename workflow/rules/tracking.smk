@@ -4,7 +4,7 @@
 # stops starting jobs after a failed one, and a server that is down must not keep cells or the analysis from
 # being written.
 
-from specsweep.tracking import credentials_to_env
+from specsweep.tracking.uri import credentials_to_env
 
 # A user:password@ in mlflow.tracking_uri goes to MLflow's variables, which the jobs inherit: TRACKING_JSON
 # (a param Snakemake prints) holds the URI without it.

@@ -714,7 +714,7 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
         "mlflow": {**config["mlflow"], "tracking_uri": split_uri_credentials(config["mlflow"]["tracking_uri"])[0]},
         "gates": config["gates"],
         "slo": config["slo"],
-        # the charts of the experiment's saved MLflow view (specsweep.mlflow_view)
+        # the charts of the experiment's saved MLflow view (specsweep.tracking.view)
         "view_arms": {"speculative": speculative_arms(config), "policy": list(policy_arms(config))},
     }
 

@@ -1,4 +1,4 @@
-"""`specsweep bench`: measure a running server at several concurrency levels (`specsweep.client.bench`)."""
+"""`specsweep bench`: measure a running server at several concurrency levels (`specsweep.bench`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from dataclasses import fields
 
+from specsweep.bench import BenchOptions, bench
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS
-from specsweep.client.bench import BenchOptions, bench
 from specsweep.client.datasets import CHAT_MODES, FORMATS
 from specsweep.config import defaults
 from specsweep.engines import ENGINES

@@ -1,15 +1,15 @@
-"""`specsweep calibrate`: fit a simulated-engine profile to measured cells (`specsweep.sim.calibrate`)."""
+"""`specsweep calibrate`: fit a simulated-engine profile to measured cells (`specsweep.virtual.calibrate`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from specsweep.sim.bounds import check_profile
-from specsweep.sim.calibrate import calibrate, format_fit
-from specsweep.sim.fit import fit_params, load_targets, workload_of
 from specsweep.sim.profile import dump_profile, load_profile
-from specsweep.sim.uncertainty import format_identification
+from specsweep.virtual.bounds import check_profile
+from specsweep.virtual.calibrate import calibrate, format_fit
+from specsweep.virtual.fit import fit_params, load_targets, workload_of
+from specsweep.virtual.uncertainty import format_identification
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,12 @@
 """`specsweep derive-stacks`: rebuild the packaged Kimi profiles' fits from the seed table
-(`specsweep.sim.derive_stacks`), print them and write them as JSON."""
+(`specsweep.virtual.derive_stacks`), print them and write them as JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from specsweep.sim.derive_stacks import derive
+from specsweep.virtual.derive_stacks import derive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

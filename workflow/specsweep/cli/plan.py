@@ -1,4 +1,4 @@
-"""`specsweep plan`: plan a config's sweep in virtual time (`specsweep.sim.plan`)."""
+"""`specsweep plan`: plan a config's sweep in virtual time (`specsweep.virtual.plan`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 
 from specsweep.config import ConfigError, load
-from specsweep.sim.plan import PlanError, plan_config
+from specsweep.virtual.plan import PlanError, plan_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep predict`: a sweep and its crossover in virtual time, with intervals (`specsweep.sim.forecast`)."""
+"""`specsweep predict`: a sweep and its crossover in virtual time, with intervals (`specsweep.virtual.forecast`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 
 from specsweep.sim.engine import parse_schedule
-from specsweep.sim.forecast import forecast, resolve_workload
-from specsweep.sim.predict import DEFAULT_LEVELS, WORKLOAD_DEFAULTS
 from specsweep.sim.profile import load_profile
+from specsweep.virtual.forecast import forecast, resolve_workload
+from specsweep.virtual.predict import DEFAULT_LEVELS, WORKLOAD_DEFAULTS
 
 
 def _int_list(text: str) -> list[int]:

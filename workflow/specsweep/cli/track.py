@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specsweep.config import load_arg
 from specsweep.io import atomic_write_json
-from specsweep.tracking import TrackingFailed, track
+from specsweep.tracking.log import TrackingFailed, track
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

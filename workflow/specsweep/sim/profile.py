@@ -74,7 +74,7 @@ class Batching:
 @dataclass(frozen=True)
 class Hardware:
     """Facts about the GPUs and the model's bytes, from spec sheets and the model's shape (not fitted):
-    `sim.bounds` derives from them the fastest each step cost could physically be and how many requests fit in
+    `virtual.bounds` derives from them the fastest each step cost could physically be and how many requests fit in
     KV memory. `gpus: 0` means not stated: no physical bounds."""
 
     gpus: int = 0

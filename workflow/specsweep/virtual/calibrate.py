@@ -1,5 +1,5 @@
-"""Fit a profile to measured cells (`sim.fit`), scan which parameters the data pin down
-(`sim.uncertainty`), and write the fitted profile YAML with its plausible ranges
+"""Fit a profile to measured cells (`virtual.fit`), scan which parameters the data pin down
+(`virtual.uncertainty`), and write the fitted profile YAML with its plausible ranges
 (`specsweep calibrate`).
 """
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from specsweep.sim.bounds import parameter_bounds
-from specsweep.sim.fit import Target, fit_params, fit_profile, simulated_tok_s
 from specsweep.sim.profile import Profile, profile_from_dict
-from specsweep.sim.uncertainty import Identification, identify
+from specsweep.virtual.bounds import parameter_bounds
+from specsweep.virtual.fit import Target, fit_params, fit_profile, simulated_tok_s
+from specsweep.virtual.uncertainty import Identification, identify
 
 
 def format_fit(pairs: list[tuple[Target, float]]) -> str:

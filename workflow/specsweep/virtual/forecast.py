@@ -1,8 +1,8 @@
-"""A sweep and its crossover in virtual time (`sim.predict`), with 90% intervals from a calibrated profile's
-plausible parameters (`sim.uncertainty`) when it has them: what `specsweep predict` prints.
+"""A sweep and its crossover in virtual time (`virtual.predict`), with 90% intervals from a calibrated profile's
+plausible parameters (`virtual.uncertainty`) when it has them: what `specsweep predict` prints.
 
-Not part of `sim.predict`: the intervals are built on the fit (`sim.fit`), which simulates with `sim.predict`, so
-`sim.predict` cannot import them back.
+Not part of `virtual.predict`: the intervals are built on the fit (`virtual.fit`), which simulates with
+`virtual.predict`, so `virtual.predict` cannot import them back.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from specsweep.sim.engine import Schedule
-from specsweep.sim.predict import WORKLOAD_DEFAULTS, SweepPrediction, format_sweep, predict_sweep
 from specsweep.sim.profile import Profile
-from specsweep.sim.uncertainty import SweepIntervals, format_intervals, sweep_intervals
+from specsweep.virtual.predict import WORKLOAD_DEFAULTS, SweepPrediction, format_sweep, predict_sweep
+from specsweep.virtual.uncertainty import SweepIntervals, format_intervals, sweep_intervals
 
 
 def _workload_value(key: str, value: Any) -> Any:

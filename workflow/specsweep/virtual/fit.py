@@ -6,8 +6,8 @@ target's mean-field value by the ratio simulation/mean-field of the previous rou
 always the full simulation's. Parameters move in log space (accept_prob in logit space) with a weak pull
 towards the base profile, because a handful of cells cannot pin down every parameter on its own.
 
-The library half of `specsweep calibrate` (`sim.calibrate.calibrate` runs it): `sim.uncertainty` builds on this
-fit, and `sim.calibrate` on both, so neither imports the other back.
+The library half of `specsweep calibrate` (`virtual.calibrate.calibrate` runs it): `virtual.uncertainty` builds
+on this fit, and `virtual.calibrate` on both, so neither imports the other back.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import numpy as np
 
 from specsweep.config import defaults
 from specsweep.sim.engine import step_time
-from specsweep.sim.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 from specsweep.sim.profile import Profile
 from specsweep.summary import SCHEMA_VERSION, read_judged
+from specsweep.virtual.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 
 DEFAULT_PARAMS_BASELINE = [
     "step.fixed_s",
@@ -262,8 +262,8 @@ def fit_profile(
 ) -> tuple[Profile, list[tuple[Target, float]]]:
     """Fit; return the fitted profile and (target, simulated tok/s) pairs.
 
-    `bounds` (dotted name -> (lo, hi)) keep each parameter in its physical range (`sim.bounds`); `fixed` holds
-    some parameters at given values (the profile-likelihood scan of `sim.uncertainty`). With `simulate=False`
+    `bounds` (dotted name -> (lo, hi)) keep each parameter in its physical range (`virtual.bounds`); `fixed` holds
+    some parameters at given values (the profile-likelihood scan of `virtual.uncertainty`). With `simulate=False`
     the mean-field model alone is fitted, corrected by `corr` (simulation over mean field per target)."""
     from scipy.optimize import least_squares
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specsweep.sim.fit import Target, load_targets, mean_field_tok_s, seed_csv_path, workload_of
 from specsweep.sim.profile import Profile, load_profile
-from specsweep.sim.uncertainty import identify
+from specsweep.virtual.fit import Target, load_targets, mean_field_tok_s, seed_csv_path, workload_of
+from specsweep.virtual.uncertainty import identify
 
 SIBLINGS = {"cu130": (92.6, None), "cu128": (89.5, 54.1)}  # single-stream baseline, EAGLE-3 (seed table)
 

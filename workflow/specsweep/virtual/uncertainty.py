@@ -2,7 +2,7 @@
 
 Why: a calibrated profile reproduces the cells it was fitted to whatever story its free parameters tell, and
 where `predict` extrapolates (an unmeasured arm, levels beyond the measured ones) that story decides the answer.
-Method (docs/sim.md, "Uncertainty"): fit within the physical bounds (`sim.bounds`); for each parameter, a
+Method (docs/sim.md, "Uncertainty"): fit within the physical bounds (`virtual.bounds`); for each parameter, a
 profile-likelihood scan: hold it at values across its bounds, refit the others, and keep the values whose
 squared error rises by at most chi2(1, 90%) = 2.71 noise units (noise = the larger of the fit's own relative
 error and its leave-one-out error, at least `NOISE_FLOOR`). A parameter whose plausible range is narrow (< 3x)
@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from specsweep.sim.bounds import Bound, parameter_bounds
-from specsweep.sim.fit import (
+from specsweep.sim.profile import Profile
+from specsweep.virtual.bounds import Bound, parameter_bounds
+from specsweep.virtual.fit import (
     DEFAULT_PARAMS_BASELINE,
     DEFAULT_PARAMS_SPECULATIVE,
     Target,
     fit_profile,
     mean_field_tok_s,
 )
-from specsweep.sim.profile import Profile
 
 CHI2_1_90 = 2.706  # chi-square, 1 degree of freedom, 90%: the profile-likelihood threshold
 Z_90 = 1.645  # two-sided 90% normal quantile, for the noise band

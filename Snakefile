@@ -19,13 +19,13 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-# Run from a checkout even where the package is not installed; jobs see the same package (specsweep.jobenv).
+# Run from a checkout even where the package is not installed; jobs see the same package (specsweep.serving.jobenv).
 _PKG_ROOT = str(Path(workflow.basedir) / "workflow")
 sys.path.insert(0, _PKG_ROOT)
 
 from specsweep import config as ssconfig
-from specsweep.heal import JUDGE_ENV, judge_env
-from specsweep.jobenv import prepare
+from specsweep.measure.heal import JUDGE_ENV, judge_env
+from specsweep.serving.jobenv import prepare
 
 prepare(_PKG_ROOT)
 
@@ -33,7 +33,7 @@ _validated = ssconfig.validate(config)
 config.clear()
 config.update(_validated)
 
-# The cell jobs judge their own attempts by the experiment's gates (specsweep.heal): given through the environment,
+# The cell jobs judge their own attempts by the experiment's gates (specsweep.measure.heal): given through the environment,
 # not a rule param, so that a gate change re-judges stored cells without re-measuring them.
 os.environ[JUDGE_ENV] = judge_env(config)
 
@@ -79,20 +79,20 @@ rule crossover:
 
 
 onstart:
-    from specsweep.servers import stop_on_sigterm
+    from specsweep.serving.servers import stop_on_sigterm
 
     stop_on_sigterm(STATE_DIR)
 
 
 onsuccess:
     from specsweep.final import print_final
-    from specsweep.servers import stop_all
+    from specsweep.serving.servers import stop_all
 
     stop_all(STATE_DIR, reason="workflow finished")
     print_final(config, [str(f) for f in workflow.overwrite_configfiles or []])
 
 
 onerror:
-    from specsweep.servers import stop_all
+    from specsweep.serving.servers import stop_all
 
     stop_all(STATE_DIR, reason="workflow failed")

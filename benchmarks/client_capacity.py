@@ -115,7 +115,7 @@ async def _step(
     from specsweep.client.loadgen import measure_level
     from specsweep.client.prompts import LevelPrompts, make_prompts
     from specsweep.config import defaults
-    from specsweep.gates import summarize
+    from specsweep.measure.gates import summarize
 
     chunks_per_request = 100
     # at least 3 turnovers of every slot: with one (100 requests at C=100) the steady window held the fill and

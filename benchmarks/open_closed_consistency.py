@@ -28,7 +28,7 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import request_count
-from specsweep.metrics import measure_summary
+from specsweep.measure.metrics import measure_summary
 
 INPUT, OUTPUT, DURATION_S = 64, 32, 8.0
 

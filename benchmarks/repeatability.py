@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from specsweep.analysis.table import format_table  # noqa: E402  (run from a checkout, package not installed)
 from specsweep.config import defaults  # noqa: E402
-from specsweep.summary import read_judged  # noqa: E402
+from specsweep.measure.summary import read_judged  # noqa: E402
 
 
 def run_once(config: Path, envs_dir: Path, keep: bool) -> tuple[Path, float]:

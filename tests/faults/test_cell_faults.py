@@ -7,7 +7,7 @@ import socket
 import pandas as pd
 import pytest
 
-from specsweep.servers import ServerError
+from specsweep.serving.servers import ServerError
 from tests.conftest import sim_server_processes
 from tests.faults.conftest import tiny_config
 

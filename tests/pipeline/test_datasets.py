@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.conftest import sim_server_processes
 from tests.pipeline.conftest import EXP, server_events, snakemake
 

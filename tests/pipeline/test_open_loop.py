@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.pipeline.conftest import snakemake
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]

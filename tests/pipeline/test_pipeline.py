@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.conftest import sim_server_processes
 from tests.pipeline.conftest import EXP, mlflow_runs, server_events, snakemake, starts
 

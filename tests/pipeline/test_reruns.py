@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.conftest import REPO, SNAKEMAKE, sim_server_processes
 
 pytestmark = pytest.mark.pipeline

@@ -33,10 +33,10 @@ import psutil
 import pytest
 import yaml
 
-from specsweep import envbuild
 from specsweep.config import defaults
 from specsweep.engines import vllm as vllm_mod
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
+from specsweep.stack import envbuild
 from tests.conftest import PYTHON, REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.real_engine

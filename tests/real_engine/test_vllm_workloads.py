@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.conftest import REPO, SNAKEMAKE
 from tests.real_engine.test_vllm_cpu import DAG_TIMEOUT_S, ENVS_DIR, EXAMPLE, run_snakemake, stop_everything
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.config import defaults
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from tests.conftest import sim_server_processes
 from tests.slurm.conftest import EXP, sacct, snakemake_cmd
 

@@ -11,7 +11,7 @@ Two generators of closed-loop request records (the requests.parquet columns):
   law) whatever the noise: `true_throughput` gives it, and a true speedup is a ratio of two of them.
 
 `write_synthetic_variant` writes a baseline and a speculative arm whose true throughput ratio is a given
-function of C, with summary.json values computed like `specsweep.metrics` computes them (steady window,
+function of C, with summary.json values computed like `specsweep.measure.metrics` computes them (steady window,
 per-repeat values, ramp rows left out).
 """
 
@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy.signal import lfilter
 
-from specsweep import gates, metrics
 from specsweep.analysis.cells import Cell, RequestArrays, block_layout
 from specsweep.config import defaults
-from specsweep.summary import cell_identity, summary_body, write_cell
+from specsweep.measure import gates, metrics
+from specsweep.measure.summary import cell_identity, summary_body, write_cell
 
 __all__ = [
     "SimulatedRun",
@@ -334,7 +334,7 @@ def _summary_from_arrays(
     pr: pd.DataFrame,
     concurrency: int,
 ) -> dict[str, Any]:
-    """metrics + repeats[i].metrics as `specsweep.gates.summarize` lays them out (the values it would give
+    """metrics + repeats[i].metrics as `specsweep.measure.gates.summarize` lays them out (the values it would give
     for the compared metrics): steady-window throughput per repeat and pooled as their mean, latencies over
     the measured ok requests, per repeat and pooled."""
     reps = []
@@ -433,7 +433,7 @@ def write_synthetic_cell(
     engine: str = "sim",
 ) -> Path:
     """Write `<variant_dir>/<arm>/c<C>/{requests.parquet,summary.json}` through the pipeline's own summary
-    builder and writer (`specsweep.summary`), and return the cell directory. `valid=False` marks the cell
+    builder and writer (`specsweep.measure.summary`), and return the cell directory. `valid=False` marks the cell
     invalid with `reasons`, as a failed gate would."""
     d = Path(variant_dir) / arm / f"c{concurrency}"
     summary = summary_body(df, concurrency, workload={"source": "synthetic"})

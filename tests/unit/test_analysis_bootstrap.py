@@ -29,7 +29,7 @@ from specsweep.analysis.cells import (
     load_cell,
     request_arrays,
 )
-from specsweep.metrics import goodput_rps, slo_seconds
+from specsweep.measure.metrics import goodput_rps, slo_seconds
 from tests.support.synthetic import (
     correlated_cell,
     correlated_requests,
@@ -160,7 +160,7 @@ def test_goodput_with_slo() -> None:
 
 
 def test_request_arrays_use_metrics_definitions_and_leave_out_ramp_rows() -> None:
-    metrics = pytest.importorskip("specsweep.metrics")
+    metrics = pytest.importorskip("specsweep.measure.metrics")
     rng = np.random.default_rng(5)
     df = correlated_requests(4, 24, 8, 1.0, rng, repeats=2)
     assert df["ramp"].sum() == 8
@@ -177,7 +177,7 @@ def test_request_arrays_use_metrics_definitions_and_leave_out_ramp_rows() -> Non
 
 
 def test_blocks_partition_the_steady_window() -> None:
-    metrics = pytest.importorskip("specsweep.metrics")
+    metrics = pytest.importorskip("specsweep.measure.metrics")
     rng = np.random.default_rng(6)
     df = correlated_requests(5, 200, 8, 1.0, rng)
     req = request_arrays(df, 5)
@@ -312,8 +312,8 @@ def test_missing_parquet_makes_the_cell_unjudgeable(tmp_path: Path) -> None:
 
 
 def test_summary_from_metrics_module(tmp_path: Path) -> None:
-    """The analysis reads what specsweep.metrics writes (names and units), point values included."""
-    summary = pytest.importorskip("specsweep.summary")
+    """The analysis reads what specsweep.measure.metrics writes (names and units), point values included."""
+    summary = pytest.importorskip("specsweep.measure.summary")
     rng = np.random.default_rng(8)
     for arm, mean in (("baseline", 1.0), ("eagle3", 0.8)):
         df = correlated_requests(4, 40, 32, mean, rng, repeats=2)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specsweep.final import final_text
-from specsweep.stack_facts import stack_facts
+from specsweep.stack.stack_facts import stack_facts
 from specsweep.tracking.notes import crossover_note
 from specsweep.tracking.payloads import (
     cell_metrics,

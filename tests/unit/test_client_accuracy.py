@@ -21,7 +21,7 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
-from specsweep.gates import summarize
+from specsweep.measure.gates import summarize
 from tests.conftest import HOST_DISTURBED
 
 pytestmark = pytest.mark.unit

@@ -26,8 +26,8 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.loadgen import RECORD_COLUMNS, measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
-from specsweep.gates import judge
-from specsweep.metrics import measure_summary, open_window, running_requests
+from specsweep.measure.gates import judge
+from specsweep.measure.metrics import measure_summary, open_window, running_requests
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
 from tests.unit.test_client_loadgen import in_flight_max

@@ -17,7 +17,7 @@ from specsweep.client.cpu import format_cpus, host_snapshot, parse_cpus, plan_cp
 from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
-from specsweep.gates import summarize
+from specsweep.measure.gates import summarize
 from tests.conftest import missing
 from tests.support.fakeserver import fake_server
 

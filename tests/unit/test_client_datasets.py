@@ -18,8 +18,6 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
-from specsweep import bench
-from specsweep.cell import CellError, chat_render, client_variant, run_cell
 from specsweep.cli import bench as bench_cli
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.datasets import Dataset, DatasetError, load_dataset
@@ -35,9 +33,11 @@ from specsweep.client.prompts import (
 )
 from specsweep.config import ConfigError, cell_spec, validate
 from specsweep.engines.sim import SimEngine
+from specsweep.measure import bench
+from specsweep.measure.cell import CellError, chat_render, client_variant, run_cell
+from specsweep.measure.summary import level_summary
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
-from specsweep.summary import level_summary
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,6 @@ import aiohttp
 import pandas as pd
 import pytest
 
-from specsweep import bench
 from specsweep.cli import bench as bench_cli
 from specsweep.client.backends import RequestRecord, RequestSpec
 from specsweep.client.datasets import DatasetError, load_dataset
@@ -24,7 +23,8 @@ from specsweep.client.prompts import (
 )
 from specsweep.config import defaults
 from specsweep.engines.common import post_flush_cache, post_reset_prefix_cache
-from specsweep.summary import read_judged, write_cell
+from specsweep.measure import bench
+from specsweep.measure.summary import read_judged, write_cell
 from tests.support.fakeserver import FlushState, fake_server
 
 pytestmark = pytest.mark.unit
@@ -290,7 +290,7 @@ def test_progress_line_on_a_terminal() -> None:
 
 def test_public_api_imports() -> None:
     import specsweep.client as client
-    import specsweep.summary as summary
+    import specsweep.measure.summary as summary
 
     assert all(callable(getattr(client, name)) for name in client.__all__ if name[0].islower())
     assert callable(summary.level_summary) and callable(summary.write_cell)

@@ -15,7 +15,7 @@ from aiohttp import web
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
 from specsweep.engines.prometheus import samples
-from specsweep.metrics import accept_length_from_counters
+from specsweep.measure.metrics import accept_length_from_counters
 
 pytestmark = pytest.mark.unit
 

@@ -116,7 +116,7 @@ def test_all_zero_schedule_serves_the_baseline_command() -> None:
 
 
 def test_stack_facts_carry_what_the_server_runs() -> None:
-    from specsweep.stack_facts import stack_facts
+    from specsweep.stack.stack_facts import stack_facts
 
     info = summarize_server_info(payload(flashinfer_allreduce_fusion_backend="auto", speculative_adaptive=True))
     facts = stack_facts({"engine": "sglang", "server": {"info": info, "argv": ["py"]}})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specsweep import envbuild
+from specsweep.stack import envbuild
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specsweep import fingerprint as fp
 from specsweep.cli import fingerprint as fp_cli
+from specsweep.stack import fingerprint as fp
 
 pytestmark = pytest.mark.unit
 

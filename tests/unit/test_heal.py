@@ -1,4 +1,4 @@
-"""Cells that heal themselves (specsweep.heal): what counts as transient, when measuring stops, what is kept."""
+"""Cells that heal themselves (specsweep.measure.heal): what counts as transient, when measuring stops, what is kept."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.final import remeasure_command
-from specsweep.heal import (
+from specsweep.measure.heal import (
     JUDGE_ENV,
     is_transient,
     judge_env,

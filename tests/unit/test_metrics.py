@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from specsweep.config import defaults
-from specsweep.gates import summarize
-from specsweep.metrics import (
+from specsweep.measure.gates import summarize
+from specsweep.measure.metrics import (
     accept_length_from_counters,
     itl,
     jsonable,

@@ -22,9 +22,9 @@ from specsweep.config import (
     speculative_arms,
     validate,
 )
-from specsweep.gates import block_drift_gate
-from specsweep.heal import transient_only
-from specsweep.interleave import block_order, out_dirs
+from specsweep.measure.gates import block_drift_gate
+from specsweep.measure.heal import transient_only
+from specsweep.measure.interleave import block_order, out_dirs
 
 pytestmark = pytest.mark.unit
 

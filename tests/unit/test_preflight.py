@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from specsweep import cli, preflight
+from specsweep import cli
 from specsweep import config as ssconfig
+from specsweep.stack import preflight
 from tests.support import nvidia_smi
 
 pytestmark = pytest.mark.unit
@@ -229,7 +230,7 @@ def test_index_probe_against_a_local_server() -> None:
 
 
 def test_recipe_lane_and_indexes() -> None:
-    from specsweep import envbuild
+    from specsweep.stack import envbuild
 
     for name, lane in (("sglang-cu129.txt", "cu129"), ("sglang-cu130.txt", "cu130"), ("vllm-cpu.txt", None)):
         recipe = envbuild.parse_recipe(REPO / "envs" / name)

@@ -1,4 +1,4 @@
-"""Merging a replicated arm's instance cells (specsweep.segments): records and repeats numbered on, the
+"""Merging a replicated arm's instance cells (specsweep.measure.segments): records and repeats numbered on, the
 segments' blocks in time order for every arm, and the analysis pairing each speculative segment with its
 neighbouring baseline segments."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
 from specsweep.analysis.cells import load_cell
-from specsweep.segments import merge_level
+from specsweep.measure.segments import merge_level
 from tests.support.synthetic import correlated_requests, write_synthetic_cell
 
 pytestmark = pytest.mark.unit

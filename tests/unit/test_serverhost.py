@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specsweep import servers
-from specsweep.serverhost import request, start_host
+from specsweep.serving import servers
+from specsweep.serving.serverhost import request, start_host
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -68,7 +68,7 @@ def test_the_first_snakemake_process_of_a_job_owns_its_servers(tmp_path: Path) -
         f"""
         import json, os, sys
         sys.path.insert(0, {str(REPO / "workflow")!r})
-        from specsweep.jobenv import prepare
+        from specsweep.serving.jobenv import prepare
         prepare({str(REPO / "workflow")!r})
         first = {{k: os.environ[k] for k in ("SPECSWEEP_OWNER_PID", "SPECSWEEP_OWNER_JOB", "SPECSWEEP_SERVER_HOST")}}
         prepare({str(REPO / "workflow")!r})

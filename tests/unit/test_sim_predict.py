@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from specsweep import metrics
 from specsweep.analysis import crossover
 from specsweep.cli import predict as predict_cli
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import defaults
+from specsweep.measure import metrics
 from specsweep.sim.profile import load_profile
 from specsweep.virtual import predict as predict_mod
 from specsweep.virtual.fit import Target, load_targets, seed_csv_path, simulated_tok_s, workload_of
@@ -91,7 +91,7 @@ def test_virtual_client_sends_what_the_real_client_sends(stagger):
 
 @pytest.mark.parametrize(("speculative", "concurrency", "n"), [(False, 1, 8), (True, 10, 40), (False, 70, 280)])
 def test_prediction_is_the_metrics_of_its_own_records(speculative, concurrency, n):
-    """The prediction uses the metrics module's definitions: run `specsweep.metrics` on the virtual level's
+    """The prediction uses the metrics module's definitions: run `specsweep.measure.metrics` on the virtual level's
     records and get the same window, latencies (measured requests only) and whole-level throughput."""
     p = load_profile("demo")
     lv = run_level(p, speculative, concurrency, n, 128, 64, trace=True)

@@ -260,7 +260,7 @@ def recipe_input(wildcards):
             f"variant '{wildcards.variant}': environment recipe {recipe} does not exist; "
             "fix variants.<name>.recipe (a pip requirements file under envs/)"
         )
-    from specsweep.envbuild import parse_recipe
+    from specsweep.stack.envbuild import parse_recipe
 
     # its patches and local wheels too: a changed one rebuilds the environment (a local checkout, a folder,
     # counts through recipe_digest)
@@ -271,7 +271,7 @@ def recipe_input(wildcards):
 
 def recipe_digest(wildcards):
     """The environment's hash (recipe, patches, local wheels and checkouts by content) as a param of the env job."""
-    from specsweep.envbuild import recipe_hash
+    from specsweep.stack.envbuild import recipe_hash
 
     recipe = recipe_input(wildcards)
     return recipe_hash(Path(recipe[0]))[:12] if recipe else ""
@@ -279,7 +279,7 @@ def recipe_digest(wildcards):
 
 def builder_input(wildcards):
     """The model builder's source as an input of the model job: a changed builder rebuilds the model."""
-    from specsweep.modelbuild import builder_source
+    from specsweep.stack.modelbuild import builder_source
 
     v = config["variants"][known("variant", wildcards.variant, VARIANTS)]
     return [str(builder_source(v["model_builder"]))]

@@ -8,7 +8,7 @@ from typing import Any
 
 from specsweep.analysis.table import format_table
 from specsweep.io import read_json
-from specsweep.summary import read_judged
+from specsweep.measure.summary import read_judged
 from specsweep.tracking.uri import is_server_uri, ui_base, ui_command, ui_view_url
 from specsweep.tracking.view import VIEW_NAME
 

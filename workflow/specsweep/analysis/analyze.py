@@ -31,7 +31,7 @@ from specsweep.analysis.outputs import output_match
 from specsweep.analysis.paired import PairedEstimate, paired_estimate
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
-from specsweep.metrics import slo_seconds
+from specsweep.measure.metrics import slo_seconds
 
 __all__ = [
     "INTERVAL_NOTE_ONE_REPEAT",

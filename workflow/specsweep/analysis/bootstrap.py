@@ -34,7 +34,7 @@ import numpy as np
 from scipy import stats as sps
 
 from specsweep.analysis.cells import Cell, RequestArrays, metric_value_any
-from specsweep.metrics import meets_slos
+from specsweep.measure.metrics import meets_slos
 
 __all__ = [
     "METRICS",

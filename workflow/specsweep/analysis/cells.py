@@ -1,6 +1,6 @@
 """Reading measured cells (summary.json + requests.parquet) for the analysis.
 
-Per-request times come from `specsweep.metrics` (`per_request`, `measured`, `steady_window`): one definition
+Per-request times come from `specsweep.measure.metrics` (`per_request`, `measured`, `steady_window`): one definition
 of TTFT, E2E, TPOT and busy time and of the steady window in the whole project, so the bootstrap resamples the
 same quantities the summary's point values were computed from. What is added here is the time-block layout of
 each repeat's steady window that the block bootstrap resamples (docs/analysis.md).
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specsweep import metrics
+from specsweep.measure import metrics
 
 __all__ = [
     "MIN_BLOCKS",
@@ -397,7 +397,7 @@ def load_cell(
 
     A cell without requests.parquet cannot be judged: it is invalid, with its point values kept."""
     from specsweep.config import defaults
-    from specsweep.summary import read_judged
+    from specsweep.measure.summary import read_judged
 
     cell_dir = Path(cell_dir)
     if cell_dir.name == "summary.json":  # an explicit summary path names its cell directory too

@@ -1,4 +1,4 @@
-"""The speedup of two arms measured in interleaved blocks (specsweep.interleave): a paired t over the rounds.
+"""The speedup of two arms measured in interleaved blocks (specsweep.measure.interleave): a paired t over the rounds.
 
 Every round holds one block of each arm, the order reversed from round to round (A B | B A). Each round gives
 d = log(compared block) - log(reference block), and the speedup is exp(mean d): a drift that is linear over the

@@ -40,7 +40,7 @@ def best_fixed(cells: dict[str, dict[float, Cell]], arms: list[str], metric: str
 
 def paired_reference(policy_cell: Cell, settings: AnalysisSettings) -> Cell | None:
     """The re-measurement of the fixed arm a policy cell serves, taken in interleaved blocks with it
-    (`reference/` beside the policy cell; specsweep.interleave), judged like every cell; None without one."""
+    (`reference/` beside the policy cell; specsweep.measure.interleave), judged like every cell; None without one."""
     ref = policy_cell.path / "reference"
     if not (ref / "summary.json").is_file():
         return None

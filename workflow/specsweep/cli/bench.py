@@ -1,4 +1,4 @@
-"""`specsweep bench`: measure a running server at several concurrency levels (`specsweep.bench`)."""
+"""`specsweep bench`: measure a running server at several concurrency levels (`specsweep.measure.bench`)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import asyncio
 from dataclasses import fields
 
-from specsweep.bench import BenchOptions, bench
 from specsweep.client.backends import BACKENDS, ENDPOINTS, TRANSPORTS
 from specsweep.client.datasets import CHAT_MODES, FORMATS
 from specsweep.config import defaults
 from specsweep.engines import ENGINES
+from specsweep.measure.bench import BenchOptions, bench
 
 
 def _ints(text: str) -> list[int]:

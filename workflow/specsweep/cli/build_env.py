@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specsweep.envbuild import EnvBuildError, RecipeError, ensure_env_logged
+from specsweep.stack.envbuild import EnvBuildError, RecipeError, ensure_env_logged
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep build-model`: build a model locally in a variant's environment (`specsweep.modelbuild`)."""
+"""`specsweep build-model`: build a model locally in a variant's environment (`specsweep.stack.modelbuild`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from specsweep.io import read_json
-from specsweep.modelbuild import BUILDERS, build
+from specsweep.stack.modelbuild import BUILDERS, build
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep cell`: measure one cell (`specsweep.cell.run_cell`) and print its headline."""
+"""`specsweep cell`: measure one cell (`specsweep.measure.cell.run_cell`) and print its headline."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from specsweep import servers
-from specsweep.cell import CellError, run_cell
 from specsweep.config import defaults
+from specsweep.measure.cell import CellError, run_cell
+from specsweep.measure.summary import judged
 from specsweep.redact import MissingAPIKey
-from specsweep.summary import judged
+from specsweep.serving import servers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

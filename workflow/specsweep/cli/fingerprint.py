@@ -1,4 +1,4 @@
-"""`specsweep fingerprint`: write a stack fingerprint JSON (`specsweep.fingerprint`)."""
+"""`specsweep fingerprint`: write a stack fingerprint JSON (`specsweep.stack.fingerprint`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specsweep import envbuild
-from specsweep.fingerprint import fingerprint, write_json_atomic
+from specsweep.stack import envbuild
+from specsweep.stack.fingerprint import fingerprint, write_json_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

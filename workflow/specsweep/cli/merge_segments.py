@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from specsweep.segments import merge_level
+from specsweep.measure.segments import merge_level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep paired-level`: measure one level of every fixed arm in interleaved blocks (`specsweep.interleave`)."""
+"""`specsweep paired-level`: one level of every fixed arm in interleaved blocks (`specsweep.measure.interleave`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from specsweep import servers
-from specsweep.cell import CellError
-from specsweep.interleave import out_dirs, run_level
+from specsweep.measure.cell import CellError
+from specsweep.measure.interleave import out_dirs, run_level
 from specsweep.redact import MissingAPIKey
+from specsweep.serving import servers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

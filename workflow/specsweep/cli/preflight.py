@@ -1,4 +1,4 @@
-"""`specsweep preflight`: check GPUs, driver, disk, models, ports and package indexes (`specsweep.preflight`)."""
+"""`specsweep preflight`: check GPUs, driver, disk, models, ports and package indexes (`specsweep.stack.preflight`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from specsweep.config import ConfigError
-from specsweep.preflight import config_specs, preflight, verdict_line, write_findings
+from specsweep.stack.preflight import config_specs, preflight, verdict_line, write_findings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep server-host` (internal): a SLURM job's server host (`specsweep.serverhost`).
+"""`specsweep server-host` (internal): a SLURM job's server host (`specsweep.serving.serverhost`).
 
 Started by `serverhost.start_host` from the job's batch step; nobody runs it by hand.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specsweep.serverhost import serve
+from specsweep.serving.serverhost import serve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specsweep.servers import listing, stop_all, supervise
+from specsweep.serving.servers import listing, stop_all, supervise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`specsweep tiny-model` (internal): write a tiny random Llama model (`specsweep.tiny_model`).
+"""`specsweep tiny-model` (internal): write a tiny random Llama model (`specsweep.stack.tiny_model`).
 
 Run by `build-model` with the variant's interpreter (it needs torch and transformers, which the project's own
 environment lacks); `specsweep.cli` imports only the standard library, so the command starts there.
@@ -10,9 +10,9 @@ import argparse
 import inspect
 from pathlib import Path
 
-from specsweep.tiny_model import build
+from specsweep.stack.tiny_model import build
 
-# build()'s defaults: the model's parameters are decided in specsweep.tiny_model alone (modelbuild.builder_source)
+# build()'s defaults: the model's parameters are decided in specsweep.stack.tiny_model alone (modelbuild.builder_source)
 _D = {k: p.default for k, p in inspect.signature(build).parameters.items() if p.default is not p.empty}
 
 

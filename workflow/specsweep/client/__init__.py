@@ -1,7 +1,7 @@
 """Load generator: streaming backends, closed loop, loop-lag monitor, CPU accounting, prompts, datasets.
 
-What `specsweep bench` measures is `specsweep.bench`, beside the client (it builds on the config and the
-engines, which import the client); summaries are written by `specsweep.summary`.
+What `specsweep bench` measures is `specsweep.measure.bench`, beside the client (it builds on the config and the
+engines, which import the client); summaries are written by `specsweep.measure.summary`.
 """
 
 from __future__ import annotations

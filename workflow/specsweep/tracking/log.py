@@ -11,8 +11,8 @@ from typing import Any
 
 from specsweep.config import defaults
 from specsweep.io import read_json
+from specsweep.measure.summary import cell_level, cell_step, read_judged
 from specsweep.redact import redact_text, redact_uri
-from specsweep.summary import cell_level, cell_step, read_judged
 from specsweep.tracking.notes import cell_note, crossover_note, sweep_note
 from specsweep.tracking.payloads import (
     cell_metrics,

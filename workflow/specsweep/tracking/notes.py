@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from specsweep.summary import cell_level
+from specsweep.measure.summary import cell_level
 
 
 def _source(source: Any) -> str:

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from specsweep.config import LEVEL_PREFIX
-from specsweep.stack_facts import stack_facts
-from specsweep.summary import cell_level, level_step
+from specsweep.measure.summary import cell_level, level_step
+from specsweep.stack.stack_facts import stack_facts
 from specsweep.tracking.store import TAG
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from specsweep.config import defaults
+from specsweep.measure.summary import SCHEMA_VERSION, read_judged
 from specsweep.sim.engine import step_time
 from specsweep.sim.profile import Profile
-from specsweep.summary import SCHEMA_VERSION, read_judged
 from specsweep.virtual.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 
 DEFAULT_PARAMS_BASELINE = [

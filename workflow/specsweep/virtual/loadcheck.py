@@ -26,7 +26,7 @@ import aiohttp
 import pandas as pd
 
 from specsweep.client.loadgen import ramp_length
-from specsweep.metrics import measured, per_request, steady_window, tokens_between
+from specsweep.measure.metrics import measured, per_request, steady_window, tokens_between
 
 
 @dataclass

@@ -3,7 +3,7 @@
 For one variant and a profile (the variant's own for the simulated engine, or a calibrated one via `--profile`)
 it drives every cell of the config through the engine core in virtual time (`specsweep.virtual.predict.run_level`,
 the same closed loop, ramp and request counts as the pipeline), judges the records with the pipeline's metrics
-and analysis (`specsweep.summary.judged`, `specsweep.analysis.analyze.analyze_variant`), and prints, for the
+and analysis (`specsweep.measure.summary.judged`, `specsweep.analysis.analyze.analyze_variant`), and prints, for the
 fixed grid and for adaptive levels (`specsweep.analysis.adaptive.next_levels`, the pipeline's own rule): the
 levels, the requests per level, the expected measuring time per arm (server starts + levels) and the crossover
 interval with its width. Virtual time has the engine's own randomness (acceptance) but no host noise: widths
@@ -34,9 +34,9 @@ from specsweep.config import (
     requests_for,
     speculative_arms,
 )
+from specsweep.measure.summary import cell_identity, judged, summary_body
 from specsweep.sim.engine import parse_schedule
 from specsweep.sim.profile import Profile, load_profile
-from specsweep.summary import cell_identity, judged, summary_body
 from specsweep.virtual.predict import CLIENT_TURNAROUND_S, level_records, run_level
 
 __all__ = ["PlannedSweep", "plan_sweep", "virtual_cell"]

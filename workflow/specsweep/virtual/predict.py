@@ -3,7 +3,7 @@
 The virtual client does what the real one does (`specsweep.client.loadgen.run_closed_loop`): C slots, with
 `stagger` a shortened ramp request per slot first (`loadgen.ramp_length`), then the measured requests, each
 slot sending its next request when its previous one ends. The figures use the metrics module's definitions
-(docs/metrics.md): the steady window is `specsweep.metrics.steady_window` of the level's send and end times,
+(docs/metrics.md): the steady window is `specsweep.measure.metrics.steady_window` of the level's send and end times,
 latencies follow `metrics.per_request` over the measured (non-ramp) requests.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 from specsweep.analysis.crossover import crossings_log_c
 from specsweep.client.loadgen import ramp_length
 from specsweep.config import request_count
-from specsweep.metrics import steady_window
+from specsweep.measure.metrics import steady_window
 from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, Schedule, SimRequest, admission_end
 from specsweep.sim.profile import Profile
 
@@ -290,7 +290,7 @@ def simulate_level(
 
 def level_records(level: VirtualLevel) -> Any:
     """A traced level (`run_level(..., trace=True)`) as `requests.parquet` rows (docs/ARCHITECTURE.md), times
-    relative to t0, so `specsweep.metrics` can be run on a prediction."""
+    relative to t0, so `specsweep.measure.metrics` can be run on a prediction."""
     import pandas as pd
 
     if level.requests and not level.chunks:

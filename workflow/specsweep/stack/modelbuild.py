@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 # builder -> (its `specsweep` subcommand, run with the variant's interpreter; the module whose source makes the model)
-BUILDERS = {"tiny-llama": ("tiny-model", "specsweep.tiny_model")}
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds `specsweep`
+BUILDERS = {"tiny-llama": ("tiny-model", "specsweep.stack.tiny_model")}
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds `specsweep`
 
 
 def builder_source(builder: str) -> Path:

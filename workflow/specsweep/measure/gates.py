@@ -1,6 +1,6 @@
 """Validity gates and SLOs: a measured summary judged, the one place validity is decided (docs/metrics.md).
 
-Why apart from `specsweep.metrics`: the metrics say what was measured and are stored; the judgement is made
+Why apart from `specsweep.measure.metrics`: the metrics say what was measured and are stored; the judgement is made
 whenever a cell is read (`summary.read_judged`), so a changed gate or SLO re-judges finished cells without
 measuring them again. Pure like the metrics: no clocks, no I/O.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specsweep.heal import drift_persists
-from specsweep.metrics import goodput_rps, measure_summary, send_lag, stats
+from specsweep.measure.heal import drift_persists
+from specsweep.measure.metrics import goodput_rps, measure_summary, send_lag, stats
 
 # A repeat whose chunks were kernel-stamped in at least this share of reads: loop lag cannot move its stamps.
 KERNEL_STAMPED = 0.99

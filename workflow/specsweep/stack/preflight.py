@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specsweep import envbuild
 from specsweep.redact import redact_uri
+from specsweep.stack import envbuild
 
 GPU_FIELDS = ("index", "name", "compute_cap", "driver_version", "memory.total")
 SMI_TIMEOUT_S = 5.0

@@ -19,9 +19,9 @@ from specsweep.client.cpu import CpuPlan, format_cpus
 from specsweep.client.loadgen import LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
 from specsweep.engines import served_as_asked
-from specsweep.gates import judge
 from specsweep.io import atomic_path
-from specsweep.metrics import jsonable, measure_summary
+from specsweep.measure.gates import judge
+from specsweep.measure.metrics import jsonable, measure_summary
 
 __all__ = [
     "SCHEMA_VERSION",

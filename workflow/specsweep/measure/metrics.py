@@ -1,5 +1,5 @@
 """Per-cell metrics: a pure function of the request records (docs/metrics.md defines each); the gates that
-judge them are `specsweep.gates`.
+judge them are `specsweep.measure.gates`.
 
 Why pure: the same numbers must come out of a live measurement, a rerun from `requests.parquet`, and a unit
 test on hand-built records. No clocks, no I/O, no server calls here.

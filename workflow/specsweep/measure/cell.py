@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specsweep import heal, servers
 from specsweep.client.arrivals import (
     ArrivalPlan,
     TraceError,
@@ -46,8 +45,10 @@ from specsweep.config import defaults, read_dataset, variant_for_server
 from specsweep.engines import get_engine
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
+from specsweep.measure import heal
+from specsweep.measure.summary import cell_identity, judged, level_summary, write_cell
 from specsweep.redact import api_key_from_env
-from specsweep.summary import cell_identity, judged, level_summary, write_cell
+from specsweep.serving import servers
 
 
 class CellError(RuntimeError):

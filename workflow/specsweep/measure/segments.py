@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 
 from specsweep.io import read_json
-from specsweep.metrics import jsonable, pooled_metrics
-from specsweep.summary import write_cell
+from specsweep.measure.metrics import jsonable, pooled_metrics
+from specsweep.measure.summary import write_cell
 
 
 def instance_dir(cell_dir: Path, instance: int) -> Path:

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from specsweep.serverhost import HOST_ENV, start_host
-from specsweep.servers import OWNER_ENV, OWNER_JOB_ENV, process_started
+from specsweep.serving.serverhost import HOST_ENV, start_host
+from specsweep.serving.servers import OWNER_ENV, OWNER_JOB_ENV, process_started
 
 __all__ = ["prepare"]
 
@@ -30,7 +30,7 @@ def prepare(package_root: str | Path) -> None:
     - SPECSWEEP_OWNER_PID: this Snakemake process owns the servers (their supervisors stop them when it goes).
       In a SLURM job, the owner is the job's first Snakemake process (its batch step; a job inherits the
       submitting process's environment, whose owner runs elsewhere), which also starts the job's server host
-      (specsweep.serverhost): the job's cells run in job steps of their own, which end with each cell.
+      (specsweep.serving.serverhost): the job's cells run in job steps of their own, which end with each cell.
     """
     _prepend("PYTHONPATH", str(package_root))
     _prepend("PATH", str(Path(sys.executable).parent))

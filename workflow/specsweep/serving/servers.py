@@ -7,7 +7,7 @@ goes away, however it goes away: normal end, failure, Ctrl-C, SIGTERM or SIGKILL
 
 In a SLURM job the resource is the job's allocation on its node (the same GPU indices on two nodes, or in two jobs
 on one node, are different GPUs), the owner is the job's first Snakemake process, and the supervisor is started
-by the job's server host (specsweep.serverhost), so the server serves every cell of the job and ends with it.
+by the job's server host (specsweep.serving.serverhost), so the server serves every cell of the job and ends with it.
 The state folder is on shared storage; a process only ever signals servers of its own node.
 """
 
@@ -32,9 +32,9 @@ import psutil
 
 from specsweep.engines.base import ServerSpec
 from specsweep.io import atomic_write_json, file_lock, tail_lines
-from specsweep.liveness import owner_alive, process_started
 from specsweep.redact import redact_argv, redact_text, unredact_argv
-from specsweep.serverhost import HOST_ENV, inbox, request
+from specsweep.serving.liveness import owner_alive, process_started
+from specsweep.serving.serverhost import HOST_ENV, inbox, request
 
 OWNER_ENV = "SPECSWEEP_OWNER_PID"
 OWNER_JOB_ENV = "SPECSWEEP_OWNER_JOB"  # in a SLURM job: the job whose first Snakemake process is the owner

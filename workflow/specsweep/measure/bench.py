@@ -1,7 +1,7 @@
 """Measure a running server at several concurrency levels, without Snakemake (`specsweep bench`).
 
 Writes `OUT/c<C>/requests.parquet` (one row per request) and `OUT/c<C>/summary.json` per level, atomically,
-through the same measuring path (`loadgen.measure_level`) and summary writer (`specsweep.summary`) as the
+through the same measuring path (`loadgen.measure_level`) and summary writer (`specsweep.measure.summary`) as the
 pipeline, judged by the config schema's default gates.
 """
 
@@ -25,8 +25,8 @@ from specsweep.client.loadgen import measure_level, warmup_count
 from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, level_prompts, templated
 from specsweep.config import read_dataset, request_count
 from specsweep.engines import get_engine
+from specsweep.measure.summary import judged, level_summary, write_cell
 from specsweep.redact import MissingAPIKey, api_key_from_env
-from specsweep.summary import judged, level_summary, write_cell
 
 
 class Progress:

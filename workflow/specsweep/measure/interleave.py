@@ -22,8 +22,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from specsweep import heal, servers
-from specsweep.cell import (
+from specsweep.client.cpu import pinned
+from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
+from specsweep.client.prompts import LevelPrompts
+from specsweep.config import defaults
+from specsweep.measure import heal
+from specsweep.measure.cell import (
     CellError,
     LevelInputs,
     PreparedCell,
@@ -33,12 +37,9 @@ from specsweep.cell import (
     level_summary_of,
     prepare_cell,
 )
-from specsweep.client.cpu import pinned
-from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
-from specsweep.client.prompts import LevelPrompts
-from specsweep.config import defaults
-from specsweep.metrics import jsonable
-from specsweep.summary import judged, write_cell
+from specsweep.measure.metrics import jsonable
+from specsweep.measure.summary import judged, write_cell
+from specsweep.serving import servers
 
 
 def block_order(arms: list[str], rounds: int) -> list[list[str]]:
@@ -179,7 +180,7 @@ def run_level(
     """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
     arm's cell into `out_dirs[arm]`; returns arm -> summary.
 
-    The level heals as a cell does (`specsweep.heal`): an attempt in which a cell is invalid for transient
+    The level heals as a cell does (`specsweep.measure.heal`): an attempt in which a cell is invalid for transient
     causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
     whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
     attempt counts and why the others did not."""

@@ -184,7 +184,7 @@ def fingerprint(
     env_vars: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint of the stack run by `python` for `engine` (no secrets)."""
-    from specsweep import envbuild  # local: keeps `import specsweep.fingerprint` light
+    from specsweep.stack import envbuild  # local: keeps `import specsweep.stack.fingerprint` light
 
     packages = COMMON_PACKAGES + [p for p in ENGINE_PACKAGES.get(engine, []) if p not in COMMON_PACKAGES]
     probed = probe_python(python, packages)

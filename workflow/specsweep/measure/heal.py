@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-# Reason texts of specsweep.gates.validity that the host causes (their start, after any "repeat N: " prefix).
+# Reason texts of specsweep.measure.gates.validity that the host causes (their start, after any "repeat N: " prefix).
 TRANSIENT_PREFIXES = (
     "machine busy:",
     "client saturated:",

@@ -4,7 +4,7 @@ On SLURM, Snakemake runs one group job per server (variant x arm): the batch ste
 cell in a job step of its own (`srun`). SLURM ends every process of a step when the step ends (with
 proctrack/cgroup, also processes that left the step's process tree), so a server a cell started from its step
 would die with that cell, and every cell would start the server again. A server host, started by the job's
-first Snakemake process (specsweep.jobenv), runs in the batch step for the whole job: a cell leaves a request in
+first Snakemake process (specsweep.serving.jobenv), runs in the batch step for the whole job: a cell leaves a request in
 its inbox (a node-local folder) and the host starts the server's supervisor, which then lives as long as the job.
 The host ends when its owner (that Snakemake process) does; each supervisor watches the same owner and stops its
 server, and SLURM ends what is left when the job ends, is cancelled (scancel) or hits its time limit.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.io import atomic_write_json
-from specsweep.liveness import owner_alive
+from specsweep.serving.liveness import owner_alive
 
 HOST_ENV = "SPECSWEEP_SERVER_HOST"  # the inbox folder of this job's server host
 POLL_S = 0.05

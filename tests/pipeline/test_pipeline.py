@@ -11,8 +11,9 @@ import pytest
 
 from specsweep.config import defaults
 from specsweep.measure.summary import read_judged
-from tests.conftest import sim_server_processes
+from tests.conftest import REPO, sim_server_processes
 from tests.pipeline.conftest import EXP, mlflow_runs, server_events, snakemake, starts
+from tests.support.contract import missing
 
 pytestmark = pytest.mark.pipeline
 
@@ -60,6 +61,23 @@ def test_cells_written(run_dir: Path) -> None:
             client = summary["metrics"]["client"]
             assert client["busy_share"] is not None and client["wait_share"] is not None
             assert summary["cpus"]["client"] and summary["cpus"]["server"]
+
+
+@pytest.mark.parametrize("name", ["summary", "crossover"])
+def test_outputs_keep_their_recorded_contract(run_dir: Path, name: str) -> None:
+    """summary.json and crossover.json have every key path they had before the package moved into folders by
+    concern (tests/golden/pipeline.<name>.keys.json, recorded from this run at commit 4e8446c): a reader of
+    either file finds what it read before. A key removed on purpose leaves the recorded list by hand, in the
+    commit that changes its readers."""
+    results = run_dir / "results" / EXP / "sim"
+    files = (
+        sorted(p for p in results.glob("*/c*/summary.json") if "attempts" not in p.parts)
+        if name == "summary"
+        else [results / "crossover.json"]
+    )
+    assert files
+    gone = missing(REPO / "tests" / "golden" / f"pipeline.{name}.keys.json", files)
+    assert not gone, f"{name}.json lost key paths its readers use: {gone}"
 
 
 def test_fingerprint_written(run_dir: Path) -> None:

@@ -414,7 +414,10 @@ def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
     )
     ok = np.ones(len(run), dtype=bool)
     summary = _summary_from_arrays(run.repeat, send, end, run.token_s, meas, ok, pr, run.concurrency)
-    summary.update(cell={"key": key, "arm": arm, "concurrency": run.concurrency}, validity={"valid": True})
+    summary.update(
+        cell={"key": key, "arm": arm, "concurrency": run.concurrency},
+        validity={"valid": True, "reasons": [], "flags": []},
+    )
     return Cell(arm, float(run.concurrency), Path("."), summary, req)
 
 

@@ -258,6 +258,20 @@ def test_invalid_cells_left_out_and_listed(tmp_path: Path) -> None:
     assert 100.0 in ar2["levels"] and all(e["included"] for e in ar2["invalid_cells"])
 
 
+def test_levels_kept_with_drift_are_named_in_the_verdict(tmp_path: Path) -> None:
+    """A level the host moved in two attempts in a row is kept (its drift a flag, `heal.drift_persists`): the
+    verdict names it, since its interval is wide for the host's doing, not the engine's."""
+    write_synthetic_variant(tmp_path, [1, 2, 5], lambda c: 1.2, seed=3)
+    cells = _load(tmp_path)
+    flag = "drift: steady throughput +40% from the first interleaved block to the last (> ±20%): ..., and in ..."
+    cells["baseline"][2.0].summary["validity"]["flags"].append(flag)
+    notes = analyze_variant(cells, "baseline", ["eagle3"], _settings())["arms"]["eagle3"]["verdict"]["notes"]
+    assert [n for n in notes if n.startswith("the host changed speed inside the level at C=2,")], notes
+    cells["baseline"][2.0].summary["validity"]["flags"].remove(flag)
+    notes = analyze_variant(cells, "baseline", ["eagle3"], _settings())["arms"]["eagle3"]["verdict"]["notes"]
+    assert not [n for n in notes if "changed speed" in n], notes
+
+
 def test_missing_cell_listed(tmp_path: Path) -> None:
     write_synthetic_variant(tmp_path, [1, 2, 5], lambda c: 1.2, seed=3)
     cells = _load(tmp_path)

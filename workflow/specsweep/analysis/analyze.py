@@ -31,6 +31,7 @@ from specsweep.analysis.outputs import output_match
 from specsweep.analysis.paired import PairedEstimate, paired_estimate
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
+from specsweep.measure.heal import is_drift
 from specsweep.measure.metrics import slo_seconds
 
 __all__ = [
@@ -632,6 +633,13 @@ def analyze_arm(
             '(virtual-time or older cells), so "same output, only faster" is not checked there'
         )
     shares = [r["output_match"]["share"] for r in compared]
+    drifted = [c for c in used if any(is_drift(f) for x in (base_cells[c], spec_cells[c]) for f in x.flags)]
+    if drifted:
+        verdict["notes"].append(
+            f"the host changed speed inside the level at {sym}={levels_text(drifted)}, in two attempts in a row "
+            "(the cells' drift flags): kept, the rounds' spread carries it into the interval; more rounds "
+            "(repeats) or fewer arms per level narrow it"
+        )
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
     if included_invalid:
         verdict["notes"].append(f"{sym}={levels_text(included_invalid)} invalid but included (include_invalid)")

@@ -129,6 +129,11 @@ class Cell:
         return bool(self.summary["validity"]["valid"])
 
     @property
+    def flags(self) -> list[str]:
+        """The judged cell's flags: what the gates noted without invalidating it."""
+        return [str(f) for f in self.summary["validity"]["flags"]]
+
+    @property
     def invalid_reasons(self) -> list[str]:
         return [str(r) for r in self.summary["validity"]["reasons"]]
 

@@ -41,7 +41,7 @@ def _cells(
             run = simulate_correlated(c, c * turnovers, TOKENS, mean, rng, speed_sd=0.02, request_sd=0.05)
             cell = correlated_cell(f"v/{arm}/c{c}", run, arm)
             if (arm, c) in invalid:
-                cell.summary["validity"] = {"valid": False, "reasons": ["client saturated"]}
+                cell.summary["validity"] = {"valid": False, "reasons": ["client saturated"], "flags": []}
             if (arm, c) not in missing:
                 out[arm][float(c)] = cell
     return out

@@ -29,12 +29,16 @@ EAGLE = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "-
 EAGLE += ["--speculative-num-draft-tokens", "4"]
 
 
-def standin_config(tmp: Path, server_args: list[str], info: dict[str, Any] | None = None, **extra: Any) -> dict:
+def standin_config(
+    tmp: Path, server_args: list[str], info: dict[str, Any] | None = None, log: str | None = None, **extra: Any
+) -> dict:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     env = {"PYTHONPATH": f"{STANDIN}:{REPO / 'workflow'}"}
     if info is not None:
         env["SPECSWEEP_STANDIN_INFO"] = json.dumps(info)
+    if log is not None:
+        env["SPECSWEEP_STANDIN_LOG"] = log
     raw = {
         "experiment": "standin",
         "concurrency": [2],
@@ -77,6 +81,33 @@ def test_fusion_reported_off_makes_the_cell_invalid(cells, tmp_path: Path) -> No
     on = cells.run(standin_config(tmp_path, FUSED), variant="sgl", name="on")
     assert on["server"]["info"]["flashinfer_allreduce_fusion_backend"] == "auto"
     assert not any("fusion" in r for r in on["validity"]["reasons"]), on["validity"]
+
+
+# SGLang 0.5.19's lines (sglang/srt/layers/flashinfer_comm_fusion.py), as its logger prints them
+WORKSPACE_FAILED = (
+    "[2026-12-02 10:00:00 TP0] Failed to initialize FlashInfer workspace (backend=trtllm): CUDA error: no kernel "
+    "image is available for execution on the device. Disabling flashinfer allreduce fusion permanently."
+)
+WORKSPACE_UP = (
+    "[2026-12-02 10:00:00 TP0] FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, "
+    "rank=0, world_size=8, max_token_num=2048, hidden_dim=7168"
+)
+
+
+def test_fusion_dropped_at_run_time_is_read_from_the_server_log(cells, tmp_path: Path) -> None:
+    """/server_info still says `auto`: only the log says the server runs plain all-reduces."""
+    failed = cells.run(standin_config(tmp_path, FUSED, log=WORKSPACE_FAILED), variant="sgl")
+    assert failed["server"]["info"]["flashinfer_allreduce_fusion_backend"] == "auto"
+    assert failed["server"]["info"]["fusion_workspace"].startswith("failed: ")
+    assert not failed["validity"]["valid"]
+    assert any("workspace set-up failed" in r for r in failed["validity"]["reasons"]), failed["validity"]
+    up = cells.run(standin_config(tmp_path, FUSED, log=WORKSPACE_UP), variant="sgl", name="up")
+    assert up["server"]["info"]["fusion_workspace"].startswith("initialized: ")
+    assert not any("fusion" in r for r in up["validity"]["reasons"] + up["validity"]["flags"]), up["validity"]
+    # no line either way: a flag, not a verdict
+    quiet = cells.run(standin_config(tmp_path, FUSED), variant="sgl", name="quiet")
+    assert quiet["server"]["info"]["fusion_workspace"] is None
+    assert any("not seen in the server log" in f for f in quiet["validity"]["flags"]), quiet["validity"]
 
 
 def test_adaptive_reported_off_makes_the_cell_invalid(cells, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ argument tier (tests/engine_args) gives to each engine's own parser."""
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from specsweep import config as ssconfig
 from specsweep.engines import get_engine
 from specsweep.engines.speculation import sglang_adaptive_config
+from specsweep.stack import envbuild
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 30000
@@ -48,6 +50,30 @@ def commands_for_config(cfg: dict[str, Any], schedule: list[list[int]] | None = 
                 "client_backend": d["client_backend"],
                 "startup_timeout_s": d["startup_timeout_s"],
             }
+    return out
+
+
+def stacks_for(config_name: str) -> dict[str, dict]:
+    """Per variant of an example config: its recipe and the recipe's patch directives (file, sha256, where it
+    applies, the files it changes), the stack the golden file pins beside the command lines."""
+    cfg = ssconfig.load(example_path(config_name))
+    out: dict[str, dict] = {}
+    for vname, variant in cfg["variants"].items():
+        recipe = variant.get("recipe")
+        patches = envbuild.parse_recipe(ROOT / recipe)["patches"] if recipe else []
+        out[vname] = {
+            "recipe": recipe,
+            "patches": [
+                {
+                    "file": str(p["path"].relative_to(ROOT)),
+                    "sha256": hashlib.sha256(p["path"].read_bytes()).hexdigest(),
+                    "target": p["target"],
+                    "strip": p["strip"],
+                    "files": sorted({"/".join(f.split("/")[p["strip"] :]) for f in envbuild.patch_hunks(p["path"])}),
+                }
+                for p in patches
+            ],
+        }
     return out
 
 

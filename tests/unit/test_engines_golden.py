@@ -16,7 +16,7 @@ from specsweep.engines import get_engine
 from specsweep.engines import sglang as sglang_mod
 from specsweep.engines import vllm as vllm_mod
 from specsweep.redact import MissingAPIKey
-from tests.support.commands import EXAMPLE_SCHEDULE, commands_for
+from tests.support.commands import EXAMPLE_SCHEDULE, commands_for, stacks_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -36,6 +36,26 @@ def test_golden_commands(config_name: str, monkeypatch: pytest.MonkeyPatch) -> N
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
     want = json.loads(path.read_text())
     assert got == want, f"command lines changed; if intended, regenerate {path} (see module docstring)"
+
+
+@pytest.mark.parametrize("config_name", EXAMPLES)
+def test_golden_stacks(config_name: str) -> None:
+    """Each variant's recipe and the patches it applies after pip (a changed patch changes the stack)."""
+    got = stacks_for(config_name)
+    path = GOLDEN / f"{config_name}.stacks.json"
+    if os.environ.get("SPECSWEEP_UPDATE_GOLDEN"):
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    want = json.loads(path.read_text())
+    assert got == want, f"stacks changed; if intended, regenerate {path} (see module docstring)"
+
+
+def test_kimi_fusion_stack_carries_the_sm120_patch_of_both_files_that_gate_fusion() -> None:
+    stacks = stacks_for("kimi-k25-8gpu")
+    assert stacks["cu130"] == stacks["cu130-fusion"]  # one environment: the two differ only in the fusion flag
+    [patch] = stacks["cu130-fusion"]["patches"]
+    assert patch["file"] == "envs/patches/sglang-0.5.19-sm120-fusion.patch"
+    assert patch["files"] == ["sglang/srt/layers/communicator.py", "sglang/srt/layers/flashinfer_comm_fusion.py"]
+    assert stacks["cu129"]["patches"] == []  # the CUDA 12 lane: no fusion asked
 
 
 def test_kimi_three_stacks_fusion_only_in_cu130_fusion() -> None:

@@ -124,3 +124,30 @@ def test_stack_facts_carry_what_the_server_runs() -> None:
     assert "stack.allreduce_fusion" not in stack_facts(
         {"engine": "sglang", "server": {"info": summarize_server_info(PAYLOAD)}}
     )
+
+
+def test_fusion_workspace_is_read_from_the_running_instances_log(tmp_path) -> None:
+    """The log is appended to across restarts: a failure an earlier instance logged is not this one's."""
+    from specsweep.engines import log_facts
+    from specsweep.serving.servers import instance_log
+
+    log = tmp_path / "server.log"
+    fail = "[TP0] Failed to initialize FlashInfer workspace (backend=trtllm): x. "
+    fail += "Disabling flashinfer allreduce fusion permanently."
+    up = "[TP0] FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank=0, world_size=8"
+    log.write_text(f"\n=== 2026-12-02T10:00:00 starting v/a: python -m sglang.launch_server\n{fail}\n")
+    assert log_facts("sglang", instance_log(log))["fusion_workspace"].startswith("failed: [TP0] Failed")
+    with log.open("a") as f:
+        f.write(f"\n=== 2026-12-02T11:00:00 starting v/a: python -m sglang.launch_server\n{up}\n")
+    assert instance_log(log) == [up]
+    assert log_facts("sglang", instance_log(log))["fusion_workspace"] == f"initialized: {up}"
+    assert log_facts("sglang", [up, fail])["fusion_workspace"].startswith("failed")  # a failure wins
+    assert log_facts("sglang", ["anything else"]) == {"fusion_workspace": None}
+    assert log_facts("vllm", [fail]) == {} and instance_log(tmp_path / "none.log") == []
+    fused = ["--flashinfer-allreduce-fusion-backend", "auto"]
+    info = summarize_server_info(payload(flashinfer_allreduce_fusion_backend="auto"))
+    reasons, _ = served_as_asked("sglang", fused, {**info, **log_facts("sglang", [fail])})
+    assert any("workspace set-up failed" in r for r in reasons)
+    assert served_as_asked("sglang", [], {**info, **log_facts("sglang", [fail])}) == ([], [])  # fusion not asked
+    reasons, flags = served_as_asked("sglang", fused, info)  # measured before the log was read: nothing new
+    assert reasons == [] and not any("server log" in f for f in flags)

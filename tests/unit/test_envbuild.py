@@ -115,9 +115,12 @@ def test_real_recipes_parse() -> None:
     for name in ("sglang-cu129.txt", "sglang-cu130.txt"):
         parsed = envbuild.parse_recipe(root / "envs" / name)
         assert any(line.startswith("sglang==") for line in parsed["lines"])
-    for name in ("vllm-cpu.txt", "sglang-cu129.txt", "sglang-cu130.txt"):  # index-only: hashes as before
+    for name in ("vllm-cpu.txt", "sglang-cu129.txt"):  # index-only: hashes as before
         parsed = envbuild.parse_recipe(root / "envs" / name)
         assert parsed["local"] == [] and parsed["patches"] == []
+    [sm120] = envbuild.parse_recipe(root / "envs" / "sglang-cu130.txt")["patches"]  # the CUDA 13 lane's fusion patch
+    assert sm120["path"] == root / "envs" / "patches" / "sglang-0.5.19-sm120-fusion.patch"
+    assert (sm120["target"], sm120["strip"]) == ("", 1)
 
 
 def test_concurrent_builders_share_one_env(tmp_path: Path) -> None:

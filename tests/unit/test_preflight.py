@@ -1,5 +1,5 @@
 """preflight: findings from a stand-in nvidia-smi (8 x RTX PRO 6000 Blackwell, SM120), recipes, models, ports,
-indexes; the user's example names the fusion patch; the default sim config passes. No network: index probes
+indexes; the user's example names its fusion patch; the default sim config passes. No network: index probes
 go to a local server or are replaced."""
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def test_kimi_example_on_8_sm120_names_the_fusion_patch(smi, no_network, capsys)
         assert (
             f"OK      [{v}] GPUs: 8 x NVIDIA RTX PRO 6000 Blackwell Workstation Edition (compute capability 12.0" in out
         )
-        line = next((x for x in out.splitlines() if x.startswith(f"ERROR   [{v}] fusion:")), None)
-        if v in fusion:
-            assert line and "SM120" in line and "sglang/srt/layers/flashinfer_comm_fusion.py" in line, out
-            assert "# specsweep: patch" in line and "docs/engines.md" in line
+        line = next((x for x in out.splitlines() if f"[{v}] fusion:" in x), None)
+        if v in fusion:  # the CUDA 13 recipe carries the SM120 fusion patch
+            assert line and line.startswith("OK ") and "SM120" in line, out
+            assert "sglang-0.5.19-sm120-fusion.patch" in line, line
         else:
             assert line is None
         assert f"ERROR   [{v}] served model: /models/Kimi-K2.5 does not exist" in out
@@ -107,23 +107,30 @@ def test_kimi_example_here_lists_what_is_missing_in_seconds(capsys, monkeypatch)
     assert out.rstrip().splitlines()[-1].startswith("preflight FAILED:")
 
 
-def test_fusion_with_a_patch_of_the_fusion_file_passes(tmp_path, smi, no_network) -> None:
+def _hunk(path: str) -> str:
+    return f"--- a/python/{path}\n+++ b/python/{path}\n@@ -1 +1 @@\n-x\n+y\n"
+
+
+def test_fusion_needs_a_patch_of_both_files_that_gate_it(tmp_path, smi, no_network) -> None:
+    """Patched where it raises but not where it fuses, a server would start and run plain all-reduces."""
     smi([nvidia_smi.RTX_PRO_6000] * 8)
     envs = tmp_path / "envs"
     (envs / "patches").mkdir(parents=True)
-    (envs / "patches" / "sm120.patch").write_text(
-        "--- a/python/sglang/srt/layers/flashinfer_comm_fusion.py\n"
-        "+++ b/python/sglang/srt/layers/flashinfer_comm_fusion.py\n@@ -1 +1 @@\n-x\n+y\n"
-    )
+    (envs / "patches" / "sm120.patch").write_text(_hunk("sglang/srt/layers/flashinfer_comm_fusion.py"))
     (envs / "r.txt").write_text(
         "--extra-index-url https://download.pytorch.org/whl/cu130\ntorch==2.13.0+cu130\n"
         "# specsweep: patch patches/sm120.patch --strip 2\n"
     )
     args = ["--flashinfer-allreduce-fusion-backend", "auto"]
     pre = _pre(tmp_path, {"recipe": "envs/r.txt", "server_args": args})
-    found = preflight.preflight([pre], tmp_path)
-    [fusion] = [f for f in found if f.check == "fusion"]
-    assert fusion.level == "ok" and "sm120.patch" in fusion.message
+    [fusion] = [f for f in preflight.preflight([pre], tmp_path) if f.check == "fusion"]
+    assert fusion.level == "error" and "sglang/srt/layers/communicator.py" in fusion.message, fusion
+    assert "flashinfer_comm_fusion.py" not in fusion.message.rsplit("no patch of", 1)[1]
+    (envs / "patches" / "gate.patch").write_text(_hunk("sglang/srt/layers/communicator.py"))
+    with (envs / "r.txt").open("a") as f:
+        f.write("# specsweep: patch patches/gate.patch --strip 2\n")
+    [fusion] = [f for f in preflight.preflight([pre], tmp_path) if f.check == "fusion"]
+    assert fusion.level == "ok" and "sm120.patch" in fusion.message and "gate.patch" in fusion.message
     # the same recipe without the patch: an error; fusion forced off: no fusion finding at all
     (envs / "r.txt").write_text("torch==2.13.0+cu130\n")
     assert [f.level for f in preflight.preflight([pre], tmp_path) if f.check == "fusion"] == ["error"]

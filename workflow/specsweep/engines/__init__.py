@@ -23,3 +23,12 @@ def served_as_asked(engine: str | None, argv: list[str], info: dict[str, Any]) -
         return [], []
     check = getattr(importlib.import_module(f"specsweep.engines.{engine}"), "served_as_asked", None)
     return check(list(argv or []), dict(info or {})) if check else ([], [])
+
+
+def log_facts(engine: str | None, lines: list[str]) -> dict[str, Any]:
+    """Facts a server states only in its log (an engine module's `log_facts` over the current instance's lines;
+    none for engines without one), stored beside its /server_info facts and judged by `served_as_asked`."""
+    if engine not in ENGINES:
+        return {}
+    read = getattr(importlib.import_module(f"specsweep.engines.{engine}"), "log_facts", None)
+    return read(lines) if read else {}

@@ -16,7 +16,7 @@ import aiohttp
 from specsweep.engines.base import ServerSpec
 from specsweep.engines.common import auth_headers, get_json, post_flush_cache, real_server_spec, require_model
 from specsweep.engines.speculation import flag_value, sglang_args
-from specsweep.redact import redact_facts
+from specsweep.redact import redact_facts, redact_text
 
 # ---- the engine -------------------------------------------------------------------------------------------
 
@@ -128,6 +128,22 @@ def summarize_server_info(raw: dict[str, Any], endpoint: str = "/server_info") -
 ENGINE = SGLangEngine()
 
 
+# What SGLang 0.5.19 logs about FlashInfer's fusion workspace (sglang/srt/layers/flashinfer_comm_fusion.py): set up
+# at the first fused step (warm-up), or failed, after which it runs plain all-reduces for the server's life while
+# /server_info still reports the backend it was asked for.
+FUSION_WORKSPACE_UP = "FlashInfer AllReduce Fusion enabled and workspace initialized"
+FUSION_WORKSPACE_FAILED = "Disabling flashinfer allreduce fusion permanently"
+
+
+def log_facts(lines: list[str]) -> dict[str, Any]:
+    """`fusion_workspace` from the server log of the running instance: "failed: <line>" (a failure wins),
+    "initialized: <line>", or None when the log says neither."""
+    failed = next((ln for ln in lines if FUSION_WORKSPACE_FAILED in ln), None)
+    up = next((ln for ln in lines if FUSION_WORKSPACE_UP in ln), None)
+    seen = f"failed: {failed}" if failed else f"initialized: {up}" if up else None
+    return {"fusion_workspace": redact_text(seen.strip())[:500] if seen else None}
+
+
 def served_as_asked(argv: list[str], info: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(reasons, flags): what the command line asked for and the server reports it does not do, judged on read
     from a cell's stored command and server facts. Fusion asked for (either flag) and reported off
@@ -147,6 +163,17 @@ def served_as_asked(argv: list[str], info: dict[str, Any]) -> tuple[list[str], l
                 f"asked for FlashInfer all-reduce fusion (backend {fusion}) but the server reports "
                 "flashinfer_allreduce_fusion_backend=null: it ran without fusion (SGLang 0.5.19 turns it off for "
                 "deterministic inference or --enforce-disable-flashinfer-allreduce-fusion; see the server log)"
+            )
+        workspace = info.get("fusion_workspace", "")  # absent: a cell measured before the log was read
+        if workspace and workspace.startswith("failed"):
+            reasons.append(
+                "asked for FlashInfer all-reduce fusion, and the server log says its workspace set-up failed, after "
+                f"which SGLang runs plain all-reduces ({workspace}): it ran without fusion"
+            )
+        elif workspace is None:
+            flags.append(
+                "FlashInfer all-reduce fusion not seen in the server log (no workspace set-up line: the model may "
+                "not reach a fused layer, or the log level hides it)"
             )
     if "--speculative-adaptive" in argv:
         if "speculative_adaptive" not in info:

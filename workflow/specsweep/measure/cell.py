@@ -42,7 +42,7 @@ from specsweep.client.prompts import (
     warmup_tag,
 )
 from specsweep.config import defaults, read_dataset, variant_for_server
-from specsweep.engines import get_engine
+from specsweep.engines import get_engine, log_facts
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
 from specsweep.measure import heal
@@ -427,7 +427,7 @@ def finish_summary(
             "client_backend": server.client_backend,
             "server": {
                 **server.public_dict(),
-                "info": summary.pop("server_info"),
+                "info": {**summary.pop("server_info"), **log_facts(server.engine, servers.instance_log(rec.log_path))},
                 "pid": rec.server_pid,
                 "started_at": rec.started_at,
                 "ready_after_s": ready_s,

@@ -244,6 +244,23 @@ def _owner() -> tuple[int, float]:
     return pid, started
 
 
+INSTANCE_LOG_BYTES = 32 * 1024 * 1024  # what is read of a server log's end for facts the server only logs
+
+
+def instance_log(log_path: str | Path) -> list[str]:
+    """The lines the running server instance wrote: those after the last `=== ... starting` line `_start`
+    writes (the log is appended to across restarts), from at most its last INSTANCE_LOG_BYTES."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - INSTANCE_LOG_BYTES))
+            text = fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return []
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("=== ") and " starting " in line]
+    return lines[starts[-1] + 1 :] if starts else lines
+
+
 def _start(state_dir: Path, spec: ServerSpec, label: str, log_path: Path, owner: tuple[int, float]) -> ServerRecord:
     """Start the server's supervisor: from this job's server host where there is one, else from here."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,9 +42,13 @@ RESULTS_GB = 2.0
 # compatibility per major (12.x: R525; 13.x: R580), where PTX JIT compilation is not supported.
 LANE_DRIVER = {"cu126": "560.28.03", "cu128": "570.26", "cu129": "575.51.03", "cu130": "580.65.06"}
 MINOR_COMPAT_FLOOR = {"12": "525.60.13", "13": "580.65.06"}
-# SGLang (read in the 0.5.19 wheel): FlashInfer all-reduce fusion accepts compute capability 9.x and 10.x only
-# (`_resolve_backend` in this file raises "requires SM90 or SM10X"); the deprecated switch and the new flag.
+# SGLang (read in the 0.5.19 wheel): FlashInfer all-reduce fusion accepts compute capability 9.x and 10.x only,
+# in two files: `_resolve_backend` in the first raises "requires SM90 or SM10X" at start-up, and
+# `apply_flashinfer_allreduce_fusion` in the second fuses only on SM90/SM100 (elsewhere it runs plain all-reduces,
+# silently). The deprecated switch and the new flag.
 FUSION_FILE = "sglang/srt/layers/flashinfer_comm_fusion.py"
+FUSION_GATE_FILE = "sglang/srt/layers/communicator.py"
+FUSION_PATCH_FILES = (FUSION_FILE, FUSION_GATE_FILE)
 FUSION_CAPS = (9, 10)
 FUSION_FLAGS = ("--enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend")
 FUSION_OFF_FLAG = "--enforce-disable-flashinfer-allreduce-fusion"
@@ -266,18 +270,20 @@ def _fusion_findings(variant: str, spec: dict[str, Any], recipe: dict[str, Any] 
     if not unsupported:
         return [Finding("ok", variant, "fusion", f"compute capability {', '.join(caps)} is one SGLang fuses on")]
     sm = ", ".join(f"SM{m}0" for m in unsupported)
-    patched = [
-        p
-        for p in (recipe or {}).get("patches", [])
-        if any(f"{p['target']}/{f}".strip("/").endswith(FUSION_FILE) for f in _patched_files(p))
-    ]
-    if patched:
+    patches = (recipe or {}).get("patches", [])
+    by_file = {
+        f: [p for p in patches if any(_target_path(p, g).endswith(f) for g in _patched_files(p))]
+        for f in FUSION_PATCH_FILES
+    }
+    how = (
+        f"(`_resolve_backend` in {FUSION_FILE} raises at start-up, and `apply_flashinfer_allreduce_fusion` in "
+        f"{FUSION_GATE_FILE} skips fusion silently)"
+    )
+    if all(by_file.values()):
+        names = sorted({Path(p["path"]).name for ps in by_file.values() for p in ps})
         return [
             Finding(
-                "ok",
-                variant,
-                "fusion",
-                f"{sm}: the recipe patches {FUSION_FILE} ({', '.join(Path(p['path']).name for p in patched)})",
+                "ok", variant, "fusion", f"{sm}: the recipe patches both files that gate fusion ({', '.join(names)})"
             )
         ]
     local = [p for p in (recipe or {}).get("local", []) if "sglang" in Path(p).name.lower()]
@@ -289,22 +295,27 @@ def _fusion_findings(variant: str, spec: dict[str, Any], recipe: dict[str, Any] 
                 "fusion",
                 f"{sm}: the recipe installs a local SGLang build ({local[0]}); whether it fuses on {sm} is not "
                 "checked here",
-                "check that the build's flashinfer_comm_fusion.py accepts your GPUs",
+                f"check that the build's {FUSION_FILE} and {FUSION_GATE_FILE} accept your GPUs",
             )
         ]
+    missing = [f for f, ps in by_file.items() if not ps]
     return [
         Finding(
             "error",
             variant,
             "fusion",
-            f"asks for FlashInfer all-reduce fusion, and the GPUs are {sm}: stock SGLang accepts SM90 and SM10x "
-            f"only (`_resolve_backend` in {FUSION_FILE} raises at start-up), and the recipe "
-            f"{spec.get('recipe')} carries no patch of that file",
-            f"add the SM120 patch of {FUSION_FILE} (and of sglang/srt/distributed/device_communicators/"
-            "all_reduce_utils.py and torch_symm_mem.py) to the recipe: `# specsweep: patch patches/<file>.patch` "
-            "(docs/engines.md, 'Where the SM120 patches go'), or drop the fusion flag from this variant",
+            f"asks for FlashInfer all-reduce fusion, and the GPUs are {sm}: stock SGLang fuses on SM90 and SM10x "
+            f"only {how}, and the recipe {spec.get('recipe')} carries no patch of {' or '.join(missing)}",
+            f"add an SM120 patch of {' and '.join(missing)} to the recipe: `# specsweep: patch "
+            "patches/<file>.patch` (envs/patches/sglang-0.5.19-sm120-fusion.patch is one for SGLang 0.5.19; "
+            "docs/engines.md, 'Where the SM120 patches go'), or drop the fusion flag from this variant",
         )
     ]
+
+
+def _target_path(patch: dict[str, Any], file: str) -> str:
+    """A patched file's path under site-packages."""
+    return f"{patch['target']}/{file}".strip("/")
 
 
 def _patched_files(patch: dict[str, Any]) -> list[str]:

@@ -7,7 +7,8 @@ SGLang-native API, with /server_info answered as SGLang 0.5.19 does: every Serve
 environment and checked against it in tests/engine_args) set from the command line, and `launch_command` as
 SGLang 0.5.23 reports it (the launch argv as one text, an API key in clear). $SPECSWEEP_STANDIN_INFO (JSON)
 overrides fields, e.g. `{"flashinfer_allreduce_fusion_backend": null}` for a server that dropped fusion;
-$STANDIN_ADMIN_VALUE is reported as admin_api_key (a key specsweep never saw).
+$STANDIN_ADMIN_VALUE is reported as admin_api_key (a key specsweep never saw). $SPECSWEEP_STANDIN_LOG is written
+to the server log at start, e.g. SGLang's line for a fusion workspace that failed to set up.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main() -> int:
     info["launch_command"] = " ".join(sys.argv[1:])  # as 0.5.23: nothing but a watermark config is redacted
     info["admin_api_key"] = os.environ.get("STANDIN_ADMIN_VALUE")  # SGLang's --admin-api-key, set beside specsweep
     info.update(json.loads(os.environ.get("SPECSWEEP_STANDIN_INFO") or "{}"))
+    if os.environ.get("SPECSWEEP_STANDIN_LOG"):
+        print(os.environ["SPECSWEEP_STANDIN_LOG"], file=sys.stderr, flush=True)
     server = SimServer(
         load_profile("demo"),
         speculative=bool(args.speculative_algorithm),

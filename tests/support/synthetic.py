@@ -61,6 +61,8 @@ def _row(
         "prompt_index": i,
         "slot": slot,
         "ramp": ramp,
+        "scheduled_s": math.nan,  # a closed loop
+        "held_s": 0.0,
         "send_s": send,
         "first_token_s": chunk_s[0] if chunk_s else math.nan,
         "end_s": chunk_s[-1] if chunk_s else send,
@@ -416,6 +418,7 @@ def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
     summary = _summary_from_arrays(run.repeat, send, end, run.token_s, meas, ok, pr, run.concurrency)
     summary.update(
         cell={"key": key, "arm": arm, "concurrency": run.concurrency},
+        source="simulated",
         validity={"valid": True, "reasons": [], "flags": []},
     )
     return Cell(arm, float(run.concurrency), Path("."), summary, req)
@@ -439,11 +442,44 @@ def write_synthetic_cell(
     builder and writer (`specsweep.measure.summary`), and return the cell directory. `valid=False` marks the cell
     invalid with `reasons`, as a failed gate would."""
     d = Path(variant_dir) / arm / f"c{concurrency}"
-    summary = summary_body(df, concurrency, workload={"source": "synthetic"})
+    repeats = sorted(int(r) for r in df["repeat"].unique()) if len(df) else [0]
+    workload = {
+        "source": "synthetic",
+        "backend": "sglang",
+        "endpoint": "generate",
+        "n_requests": int((~df["ramp"]).sum() // max(1, len(repeats))) if len(df) else 0,
+        "ramp_requests": concurrency,
+        "stagger": True,
+        "output_tokens": int(df["expected_output_tokens"].max()) if len(df) else 0,
+        "temperature": 0.0,
+        "request_timeout_s": 120.0,
+        "repeats": len(repeats),
+    }
+    summary = summary_body(df, concurrency, workload=workload)
     if accept_length is not None:
         summary["metrics"]["accept_length"] = accept_length
     summary.update(
-        cell=cell_identity(experiment, variant, arm, concurrency, arm != "baseline"), source=source, engine=engine
+        cell=cell_identity(experiment, variant, arm, concurrency, arm != "baseline"),
+        source=source,
+        engine=engine,
+        client_backend="sglang",
+        server={  # no server ran: the facts of one that would have
+            "engine": engine,
+            "identity": f"synthetic-{arm}",
+            "argv": [],
+            "env": {},
+            "host": "127.0.0.1",
+            "port": 0,
+            "resource": "cpu",
+            "info": {},
+            "pid": None,
+            "started_at": None,
+            "ready_after_s": None,
+        },
+        stack={"fingerprint": "", "recipe": None},
+        cpus={"client": None, "server": None, "shared": None, "note": "synthetic"},
+        level_s=0.0,
+        measured_s=0.0,
     )
     if not valid:  # as the measuring process marks a cell it knows to be broken, whatever the gates
         summary["measurement"]["reasons"] = list(reasons or ["invalid"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.support.synthetic import (
     summary_metrics,
     synthetic_requests,
     true_throughput,
+    write_synthetic_cell,
     write_synthetic_variant,
 )
 
@@ -88,7 +88,7 @@ def test_known_crossover_inside_interval(tmp_path: Path) -> None:
 def test_seeded_and_repeats_use_t_across_repeats() -> None:
     rng = np.random.default_rng(0)
     df = correlated_requests(4, 40, 16, 1.0, rng, repeats=3)
-    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "x"}}, request_arrays(df))
+    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "x"}, "repeats": []}, request_arrays(df))
     a, b = bootstrap_cell(cell, 200, 5), bootstrap_cell(cell, 200, 5)
     np.testing.assert_array_equal(a.replicates["aggregate_tok_s"], b.replicates["aggregate_tok_s"])
     c = bootstrap_cell(cell, 200, 6)
@@ -104,7 +104,7 @@ def test_seeded_and_repeats_use_t_across_repeats() -> None:
 def test_one_repeat_uses_blocks_widened_for_few_blocks() -> None:
     rng = np.random.default_rng(3)
     df = correlated_requests(4, 80, 16, 1.0, rng, speed_sd=0.2)
-    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "one"}}, request_arrays(df))
+    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "one"}, "repeats": []}, request_arrays(df))
     b = bootstrap_cell(cell, 300, 0)
     assert b.method["aggregate_tok_s"] == "blocks" and b.n_repeats["aggregate_tok_s"] == 1
     k = cell.requests.blocks.n_blocks(0)
@@ -123,7 +123,7 @@ def test_floor_when_repeats_agree_exactly() -> None:
     rng = np.random.default_rng(4)
     one = correlated_requests(4, 40, 16, 1.0, rng, speed_sd=0.2)
     df = pd.concat([one.assign(repeat=r) for r in range(3)], ignore_index=True)
-    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "same"}}, request_arrays(df))
+    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "same"}, "repeats": []}, request_arrays(df))
     b = bootstrap_cell(cell, 400, 0, metrics=(METRICS[0],))
     lo, hi = percentile_interval(b.replicates["aggregate_tok_s"])
     assert b.method["aggregate_tok_s"] == "repeats_t" and hi / lo > 1.02
@@ -144,7 +144,7 @@ def test_repeat_too_short_for_blocks_still_counts_across_repeats() -> None:
 def test_goodput_with_slo() -> None:
     rng = np.random.default_rng(1)
     df = synthetic_requests(4, 50, 16, 1.0, 0.3, rng)
-    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "g"}}, request_arrays(df))
+    cell = Cell("a", 4.0, Path("."), {"cell": {"key": "g"}, "repeats": []}, request_arrays(df))
     slo = slo_seconds({"e2e_ms": 1000.0, "ttft_ms": None})
     assert slo == {"e2e_s": 1.0}
     b = bootstrap_cell(cell, 200, 0, slo)
@@ -327,16 +327,10 @@ def test_missing_parquet_makes_the_cell_unjudgeable(tmp_path: Path) -> None:
 
 def test_summary_from_metrics_module(tmp_path: Path) -> None:
     """The analysis reads what specsweep.measure.metrics writes (names and units), point values included."""
-    summary = pytest.importorskip("specsweep.measure.summary")
     rng = np.random.default_rng(8)
     for arm, mean in (("baseline", 1.0), ("eagle3", 0.8)):
         df = correlated_requests(4, 40, 32, mean, rng, repeats=2)
-        s = summary.jsonable(summary.summary_body(df, 4))
-        s.update(cell={"arm": arm, "concurrency": 4, "key": f"v/{arm}/c4"}, source="simulated", engine="sim")
-        d = tmp_path / arm / "c4"
-        d.mkdir(parents=True)
-        df.to_parquet(d / "requests.parquet")
-        (d / "summary.json").write_text(json.dumps(s))
+        write_synthetic_cell(tmp_path, arm, 4, df)  # through summary.summary_body and write_cell
     ar = analyze_variant(_load(tmp_path), "baseline", ["eagle3"], _settings())["arms"]["eagle3"]
     agg = ar["metrics"]["aggregate_tok_s"]
     assert agg["baseline"][0] is not None and agg["speedup"][0] is not None

@@ -44,8 +44,12 @@ def _arm(threshold: int | None, kind: str) -> dict[str, Any]:
     }
     return {
         "baseline_arm": "baseline",
+        "spec_arm": "eagle3",
+        "source": "simulated",
         "primary_metric": "aggregate_tok_s",
         "levels": [1.0, 30.0],
+        "configured_levels": [1.0, 30.0],
+        "notes": [],
         "per_level": [],
         "invalid_cells": [],
         "missing_cells": [],
@@ -86,11 +90,16 @@ def test_final_print_with_an_inconclusive_crossover(tmp_path: Path) -> None:
     res = tmp_path / "exp"
     (res / "v").mkdir(parents=True)
     doc = {
+        "schema_version": 1,
         "experiment": "exp",
         "variant": "v",
+        "engine": "sim",
+        "load": "closed",
         "source": "simulated",
+        "baseline_arm": "baseline",
         "bootstrap": {"confidence": 0.95},
         "policy_rule": "crossover_lower",
+        "policy": {"eagle3": {"threshold": None, "rule": "crossover_lower", "verdict": "inconclusive"}},
         "arms": {"eagle3": _arm(None, "inconclusive")},
     }
     (res / "v" / "crossover.json").write_text(json.dumps(doc))
@@ -104,11 +113,12 @@ def test_final_print_with_an_inconclusive_crossover(tmp_path: Path) -> None:
 
 def _summary(c: int, valid: bool, n_requests: int, repeats: int = 1) -> dict[str, Any]:
     return {
-        "cell": {"variant": "sim", "arm": "eagle3", "concurrency": c},
+        "cell": {"variant": "sim", "arm": "eagle3", "concurrency": c, "speculative": True},
         "engine": "sim",
         "source": "simulated",
         "workload": {"n_requests": n_requests, "output_tokens": 64, "prompt_set_sha256": f"p{c}"},
-        "server": {"identity": "abc", "command": ["serve-sim"]},
+        "server": {"identity": "abc", "argv": ["serve-sim"], "env": {}, "resource": "cpu", "info": {}},
+        "stack": {"fingerprint": "", "recipe": None},
         "metrics": {
             "n_repeats": repeats,
             "output_tok_s_steady": 100.0 * c,
@@ -195,7 +205,7 @@ def test_stack_facts_mask_secrets_and_the_port(monkeypatch: pytest.MonkeyPatch) 
                 "speculative_draft_model_path": "lightseekorg/kimi-k2.5-eagle3",
             },
         },
-        "stack": {},
+        "stack": {"fingerprint": "", "recipe": None},
     }
     facts = stack_facts(summary)
     assert "s3cr3t-value" not in json.dumps(facts) and "30001" not in facts["stack.server_command"]
@@ -205,8 +215,10 @@ def test_stack_facts_mask_secrets_and_the_port(monkeypatch: pytest.MonkeyPatch) 
     vllm = {
         "engine": "vllm",
         "cell": {"speculative": True},
+        "stack": {"fingerprint": "", "recipe": None},
         "server": {
             "argv": ["vllm", "serve", "m", "--port=8000"],
+            "env": {},
             "resource": "cpu",
             "info": {"served_model": "m", "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
         },

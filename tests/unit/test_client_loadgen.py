@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -24,10 +25,24 @@ from specsweep.client.prompts import (
 from specsweep.config import defaults
 from specsweep.engines.common import post_flush_cache, post_reset_prefix_cache
 from specsweep.measure import bench
-from specsweep.measure.summary import read_judged, write_cell
+from specsweep.measure.summary import read_judged, summary_body, write_cell
+from specsweep.records import MeasuredLevel, RecordError
 from tests.support.fakeserver import FlushState, fake_server
+from tests.support.synthetic import correlated_requests
 
 pytestmark = pytest.mark.unit
+
+WORKLOAD = {  # what `summary.level_summary` records of a level's workload (the fields every summary holds)
+    "backend": "sglang",
+    "endpoint": "generate",
+    "n_requests": 0,
+    "ramp_requests": 0,
+    "stagger": False,
+    "output_tokens": 16,
+    "temperature": 0.0,
+    "request_timeout_s": 10.0,
+    "repeats": 1,
+}
 
 
 class FlushHooks:
@@ -261,11 +276,18 @@ def test_write_cell_replaces_atomically(tmp_path: Path) -> None:
 
     from specsweep.client.loadgen import RECORD_SCHEMA, records_frame
 
-    df = records_frame([], 0.0, 0)
-    write_cell(tmp_path, df, {"a": float("nan")})
-    write_cell(tmp_path, df, {"a": 1.0})
-    assert json.loads((tmp_path / "summary.json").read_text()) == {"a": 1.0}
+    df = records_frame([], 0.0, 0)  # no rows: the parquet still has the record's schema
+    body = summary_body(correlated_requests(1, 4, 8, 0.1, np.random.default_rng(0)), 1, workload=WORKLOAD)
+    write_cell(tmp_path, df, {**body, "server_max_running": None}, record=MeasuredLevel)
+    write_cell(tmp_path, df, {**body, "server_max_running": 8}, record=MeasuredLevel)
+    assert json.loads((tmp_path / "summary.json").read_text())["server_max_running"] == 8
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "summary.json"]
+    # a summary that lost a field is refused before anything is written: the cell on disk stays whole
+    with pytest.raises(RecordError, match="metrics: missing"):
+        write_cell(tmp_path, df, {k: v for k, v in body.items() if k != "metrics"}, record=MeasuredLevel)
+    with pytest.raises(RecordError, match="cell: missing"):  # a pipeline cell's summary names its cell
+        write_cell(tmp_path, df, body)
+    assert json.loads((tmp_path / "summary.json").read_text())["server_max_running"] == 8
     schema = pq.read_schema(tmp_path / "requests.parquet")
     assert [(f.name, f.type) for f in schema] == [(f.name, f.type) for f in RECORD_SCHEMA]  # even when empty
 

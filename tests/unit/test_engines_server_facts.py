@@ -118,12 +118,19 @@ def test_all_zero_schedule_serves_the_baseline_command() -> None:
 def test_stack_facts_carry_what_the_server_runs() -> None:
     from specsweep.stack.stack_facts import stack_facts
 
+    def summary(info: dict) -> dict:  # what stack_facts reads of a summary.json (records.CellSummary)
+        server = {"info": info, "argv": ["py"], "env": {}, "resource": "0,1"}
+        return {
+            "engine": "sglang",
+            "server": server,
+            "stack": {"fingerprint": "", "recipe": None},
+            "cell": {"speculative": True},
+        }
+
     info = summarize_server_info(payload(flashinfer_allreduce_fusion_backend="auto", speculative_adaptive=True))
-    facts = stack_facts({"engine": "sglang", "server": {"info": info, "argv": ["py"]}})
+    facts = stack_facts(summary(info))
     assert facts["stack.allreduce_fusion"] == "auto" and facts["stack.speculative_adaptive"] is True
-    assert "stack.allreduce_fusion" not in stack_facts(
-        {"engine": "sglang", "server": {"info": summarize_server_info(PAYLOAD)}}
-    )
+    assert "stack.allreduce_fusion" not in stack_facts(summary(summarize_server_info(PAYLOAD)))
 
 
 def test_fusion_workspace_is_read_from_the_running_instances_log(tmp_path) -> None:

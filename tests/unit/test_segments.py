@@ -27,7 +27,7 @@ def instance_cell(root: Path, arm: str, k: int, mean_e2e_s: float, t0: float, se
     df = correlated_requests(4, 16, 32, mean_e2e_s, np.random.default_rng(seed), repeats=2, request_sd=0.1)
     tmp = write_synthetic_cell(root / "tmp", arm, 4, df, experiment="x", variant="v")
     summary = json.loads((tmp / "summary.json").read_text())
-    summary["server"] = {"identity": f"{arm}-i{k}", "pid": 100 + k, "started_at": t0 - 5}
+    summary["server"].update(identity=f"{arm}-i{k}", pid=100 + k, started_at=t0 - 5)
     for r, rep in enumerate(summary["repeats"]):
         rep["t0_unix"] = t0 + 10 * r
     (tmp / "summary.json").write_text(json.dumps(summary))

@@ -9,6 +9,7 @@ from typing import Any
 from specsweep.analysis.table import format_table
 from specsweep.io import read_json
 from specsweep.measure.summary import read_judged
+from specsweep.records import CROSSOVER_FIX, Crossover, read
 from specsweep.tracking.uri import is_server_uri, ui_base, ui_command, ui_view_url
 from specsweep.tracking.view import VIEW_NAME
 
@@ -20,7 +21,7 @@ def _table(path: Path) -> str:
     (threshold null) or an older layout must not turn a finished run into a crash.
     """
     try:
-        return format_table(read_json(path))
+        return format_table(read(Crossover, path, CROSSOVER_FIX)[1])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return f"{path}: cannot show the table ({type(exc).__name__}: {exc}); the file itself is intact"
 

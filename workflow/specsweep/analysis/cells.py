@@ -119,9 +119,10 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """The summary's cell key, else `<variant dir>/<arm>/c<C>` (distinct across variants)."""
-        key = self.summary.get("cell", {}).get("key")
-        return str(key) if key else f"{self.path.parent.parent.name}/{self.arm}/c{_fmt_c(self.concurrency)}"
+        """The summary's cell key; a bench level's `<folder>/<arm>/c<C>` (distinct across variants)."""
+        if "cell" in self.summary:
+            return str(self.summary["cell"]["key"])
+        return f"{self.path.parent.parent.name}/{self.arm}/c{_fmt_c(self.concurrency)}"  # a bench level
 
     @property
     def valid(self) -> bool:
@@ -139,14 +140,14 @@ class Cell:
 
     @property
     def source(self) -> str:
-        return str(self.summary.get("source", "unknown"))
+        """simulated or real; `specsweep bench` levels do not know which engine they measured."""
+        return str(self.summary["source"]) if "cell" in self.summary else "unknown (specsweep bench)"
 
     def repeat_metrics(self) -> dict[int, dict[str, Any]]:
         """Each repeat's own metrics from summary.json (`repeats[i].metrics`), keyed by repeat index."""
         out: dict[int, dict[str, Any]] = {}
-        for i, rep in enumerate(self.summary.get("repeats") or []):
-            if isinstance(rep, dict) and isinstance(rep.get("metrics"), dict):
-                out[int(rep.get("repeat", i))] = rep["metrics"]
+        for rep in self.summary["repeats"]:
+            out[int(rep["repeat"])] = rep["metrics"]
         return out
 
 
@@ -408,15 +409,14 @@ def load_cell(
     if cell_dir.name == "summary.json":  # an explicit summary path names its cell directory too
         cell_dir = cell_dir.parent
     summary, df = read_judged(cell_dir, dict(gates) if gates is not None else defaults("gates"), slos)
-    meta = summary.get("cell", {})
-    arm = arm or meta.get("arm") or cell_dir.parent.name
+    if "cell" in summary:  # a pipeline cell names itself
+        meta = summary["cell"]
+        arm = arm or meta["arm"]
+        level = meta["level"] if meta.get("level") is not None else meta["concurrency"]
+    else:  # a `specsweep bench` level: <arm>/c<C>/ names it
+        arm, level = arm or cell_dir.parent.name, summary["concurrency"]
     if concurrency is None:  # the level: C, or an open/trace cell's rate or time scale
-        concurrency = meta.get("level", meta.get("concurrency"))
-        if concurrency is None:
-            m = _LEVEL_DIR.match(cell_dir.name)
-            if not m:
-                raise ValueError(f"cannot tell the level of {cell_dir}")
-            concurrency = float(m.group(2))
+        concurrency = level
     cell = Cell(arm=str(arm), concurrency=float(concurrency), path=cell_dir, summary=summary)
     if df is None:
         cell.notes.extend(summary["validity"]["reasons"])

@@ -20,6 +20,7 @@ from specsweep.analysis.analyze import AnalysisSettings, _f, crossover_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell
 from specsweep.io import atomic_write_text
+from specsweep.records import CROSSOVER_FIX, Crossover, read
 
 __all__ = ["COMPARED", "compare_experiment", "compare_variants", "format_compare"]
 
@@ -281,7 +282,7 @@ def compare_experiment(
         if not cells[v]:
             raise LookupError(f"no cells for variant {v} under {root}")
         if (root / "crossover.json").exists():
-            crossovers[v] = json.loads((root / "crossover.json").read_text())
+            crossovers[v] = read(Crossover, root / "crossover.json", CROSSOVER_FIX)[1]
     result = compare_variants(cells, settings, arms, crossovers)
     result["experiment"] = config.get("experiment") or results_root.name
     if plots:

@@ -15,6 +15,7 @@ from specsweep.analysis.table import table_csv
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
 from specsweep.io import atomic_write_text, read_json
+from specsweep.records import Crossover, check
 
 __all__ = ["report_variant", "server_args"]
 
@@ -76,6 +77,7 @@ def report_variant(
 
         files = plot_variant(result, cells, out / "plots")
         result["plots"] = [str(p.relative_to(out)) for p in files]
+    check(Crossover, result, f"the crossover of {out}", "this is a bug in the analysis: report it")
     atomic_write_text(out / "crossover.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
     atomic_write_text(out / "crossover_table.csv", table_csv(result))
     atomic_write_text(out / "policy.yaml", dump_yaml(policy))

@@ -76,8 +76,8 @@ def analyze_cells(
     baseline, spec = _arm_roles(config, sorted(cells), baseline_arm, spec_arms, settings.baseline_arm)
     variant_cfg = (config.get("variants") or {}).get(variant) or {}
     any_summary = next(iter(next(iter(cells.values())).values())).summary
-    engine = str(variant_cfg.get("engine") or any_summary.get("engine") or "")
-    experiment = experiment or config.get("experiment") or any_summary.get("cell", {}).get("experiment", "")
+    engine = str(variant_cfg.get("engine") or any_summary["engine"])
+    experiment = experiment or config.get("experiment") or any_summary["cell"]["experiment"]
     aa = {a: c["same_as"] for a, c in (config.get("arms") or {}).items() if (c or {}).get("same_as") and a in cells}
     result = analyze_variant(
         cells, baseline, spec, settings, experiment=experiment, variant=variant, engine=engine, aa_arms=aa

@@ -48,6 +48,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("specsweep.cli.compare", "compare variants arm by arm"),
     "track": ("specsweep.cli.track", "log cells and crossovers to MLflow"),
     "config-doc": ("specsweep.cli.config_doc", "print (or --write) config/README.md from the config schema"),
+    "records-doc": ("specsweep.cli.records_doc", "print (or --write) docs/records.md from the files' typed records"),
 }
 
 

@@ -26,6 +26,7 @@ from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, 
 from specsweep.config import read_dataset, request_count
 from specsweep.engines import get_engine
 from specsweep.measure.summary import judged, level_summary, write_cell
+from specsweep.records import MeasuredLevel
 from specsweep.redact import MissingAPIKey, api_key_from_env
 
 
@@ -220,7 +221,7 @@ async def _bench_pinned(args: BenchOptions) -> int:
             extra={"url": args.url, "cpus": plan.as_dict()},
             cpus=plan,
         )
-        write_cell(Path(args.out) / f"c{c}", level.records, summary)
+        write_cell(Path(args.out) / f"c{c}", level.records, summary, record=MeasuredLevel)
         m, v = summary["metrics"], judged(summary, level.records, gates, slos)["validity"]
         tok_s = m.get("output_tok_s_steady")
         ttft = (m.get("ttft_ms") or {}).get("p50")

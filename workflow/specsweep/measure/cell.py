@@ -47,6 +47,7 @@ from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
 from specsweep.measure import heal
 from specsweep.measure.summary import cell_identity, judged, level_summary, write_cell
+from specsweep.records import CELL_SPEC_FIX, CellSpec, RecordError, check
 from specsweep.redact import api_key_from_env
 from specsweep.serving import servers
 
@@ -365,6 +366,15 @@ def prepare_cell(spec: dict[str, Any], env_json: Path, startup_timeout_s: float 
     """Resolve the variant, CPU plan, dataset, engine, arm and key of a cell; every failure is a CellError
     (or MissingAPIKey) naming the fix. `startup_timeout_s` overrides the variant's (a Snakemake resource, not
     part of the cell's spec: waiting longer for a server changes no measurement)."""
+    try:
+        check(
+            CellSpec,
+            spec,
+            f"the cell spec of {spec.get('arm_name', '?')} at C={spec.get('concurrency', '?')}",
+            CELL_SPEC_FIX,
+        )
+    except RecordError as e:
+        raise CellError(str(e)) from None
     env_fp = read_json(env_json)
     variant, python = resolve_variant(spec, env_fp)
     if startup_timeout_s is not None:
@@ -419,7 +429,7 @@ def finish_summary(
                 cell.arm_name,
                 spec["concurrency"],
                 cell.arm["speculative"],
-                spec.get("load", {}).get("mode", "closed"),
+                spec["load"]["mode"] if spec.get("load") else "closed",
                 spec.get("level"),
             ),
             "source": server.source,

@@ -22,9 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from specsweep.io import read_json
 from specsweep.measure.metrics import jsonable, pooled_metrics
-from specsweep.measure.summary import write_cell
+from specsweep.measure.summary import read_records, read_summary, write_cell
 
 
 def instance_dir(cell_dir: Path, instance: int) -> Path:
@@ -38,8 +37,8 @@ def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, 
     offset, measured_s = 0, 0.0
     for k in range(1, instances + 1):
         d = instance_dir(cell_dir, k)
-        summary = read_json(d / "summary.json")
-        df = pd.read_parquet(d / "requests.parquet")
+        summary = read_summary(d / "summary.json")
+        df = read_records(d / "requests.parquet")
         first = first or summary
         n = len(summary["repeats"])
         frames.append(df.assign(repeat=df["repeat"] + offset))
@@ -50,9 +49,7 @@ def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, 
             wall = (rep.get("metrics") or {}).get("client", {}).get("wall_s") or 0.0
             blocks.append({"repeat": renumbered["repeat"], "instance": k, "start_unix": t0, "end_unix": t0 + wall})
         srv = summary["server"]
-        servers.append(
-            {"instance": k, "identity": srv.get("identity"), "pid": srv.get("pid"), "started_at": srv.get("started_at")}
-        )
+        servers.append({"instance": k, "identity": srv["identity"], "pid": srv["pid"], "started_at": srv["started_at"]})
         offset += n
     assert first is not None
     records = pd.concat(frames, ignore_index=True)

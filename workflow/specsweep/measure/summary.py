@@ -16,12 +16,14 @@ from pyarrow.parquet import write_table as pq_write
 
 from specsweep.client.backends import RequestSpec
 from specsweep.client.cpu import CpuPlan, format_cpus
-from specsweep.client.loadgen import LevelResult, arrow_table
+from specsweep.client.loadgen import RECORD_SCHEMA, LevelResult, arrow_table
 from specsweep.client.prompts import LevelPrompts
 from specsweep.engines import served_as_asked
 from specsweep.io import atomic_path
 from specsweep.measure.gates import judge
 from specsweep.measure.metrics import jsonable, measure_summary
+from specsweep.records import SUMMARY_FIX, CellSummary, MeasuredLevel, RecordError, check
+from specsweep.records.summary import SUMMARY_SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -33,11 +35,13 @@ __all__ = [
     "judged",
     "level_summary",
     "read_judged",
+    "read_records",
+    "read_summary",
     "summary_body",
     "write_cell",
 ]
 
-SCHEMA_VERSION = 3  # 3: no validity or goodput stored (judged when read)
+SCHEMA_VERSION = SUMMARY_SCHEMA_VERSION  # 3: no validity or goodput stored (judged when read)
 
 
 def cell_key(experiment: str, variant: str, arm: str, concurrency: int, level: str | None = None) -> str:
@@ -136,11 +140,11 @@ def judged(
             "re-measure it (snakemake --forcerun <its summary.json>)"
         )
     slos = {k: v for k, v in (slos or {}).items() if v is not None}
-    allowed = float((summary.get("workload") or {}).get("expected_prefix_share") or 0.0)
+    allowed = float(summary["workload"].get("expected_prefix_share") or 0.0)
     if allowed:  # a trace's own prefix reuse is expected; hits beyond it mean an earlier cell's cache
         gates = {**gates, "max_prefix_cache_hit_rate": gates["max_prefix_cache_hit_rate"] + allowed}
     j = judge(summary, records, int(summary["concurrency"]), gates, slos, summary.get("server_max_running"))
-    taken = summary.get("measurement") or {}
+    taken = summary["measurement"]
     server = summary.get("server") or {}
     unmet, unjudged = served_as_asked(summary.get("engine"), server.get("argv") or [], server.get("info") or {})
     validity = j["validity"]
@@ -212,27 +216,68 @@ def level_summary(
     return jsonable(s)
 
 
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A summary.json checked against its contract: a pipeline cell's (`records.CellSummary`, it has a `cell`
+    block) or a `specsweep bench` level's (`records.MeasuredLevel`). A missing or mistyped field is an error
+    naming the file, the field and the fix, never a default further on."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path} is not JSON ({e}). Fix: {SUMMARY_FIX}") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version is not None and version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{path}: summary.json schema {version} is not {SCHEMA_VERSION}; re-measure it "
+            "(snakemake --forcerun <its summary.json>)"
+        )
+    record = CellSummary if isinstance(data, dict) and "cell" in data else MeasuredLevel
+    check(record, data, str(path), SUMMARY_FIX)
+    return data
+
+
+def read_records(path: str | Path) -> pd.DataFrame:
+    """requests.parquet, checked against the request record's columns (`client.loadgen.RECORD_SCHEMA`)."""
+    df = pd.read_parquet(path)
+    missing = [c for c in RECORD_SCHEMA.names if c not in df.columns]
+    if missing:
+        raise RecordError(f"{path} lacks the request record's column(s) {', '.join(missing)}. Fix: {SUMMARY_FIX}")
+    return df
+
+
 def read_judged(
     cell_dir: str | Path, gates: dict[str, Any], slos: dict[str, float | None] | None = None
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """A cell directory's summary judged by `gates` and `slos`, and its records. Without requests.parquet the
     cell cannot be judged: it is invalid, its measured values kept."""
     cell_dir = Path(cell_dir)
-    summary = json.loads((cell_dir / "summary.json").read_text())
+    summary = read_summary(cell_dir / "summary.json")
     parquet = cell_dir / "requests.parquet"
     if not parquet.exists():
         missing = "requests.parquet missing: the cell cannot be judged or given an interval (re-measure it)"
         return {**summary, "validity": {"valid": False, "reasons": [missing], "flags": []}}, None
-    records = pd.read_parquet(parquet)
+    records = read_records(parquet)
     return judged(summary, records, gates, slos), records
 
 
-def write_cell(out_dir: str | Path, records_df: pd.DataFrame, summary: dict[str, Any]) -> tuple[Path, Path]:
-    """Write `requests.parquet`, then `summary.json` (last: its presence means the cell is complete)."""
+def write_cell(
+    out_dir: str | Path,
+    records_df: pd.DataFrame,
+    summary: dict[str, Any],
+    record: type[MeasuredLevel] = CellSummary,
+) -> tuple[Path, Path]:
+    """Write `requests.parquet`, then `summary.json` (last: its presence means the cell is complete). The
+    summary is checked against its contract first (`record`: a pipeline cell's, or `MeasuredLevel` for
+    `specsweep bench`), so a writer that lost a field fails here, before anything is written."""
     out = Path(out_dir)
+    body = jsonable(summary)
+    check(record, body, f"the summary of {out}", "this is a bug in the writer: report it")
+    lacking = [c for c in RECORD_SCHEMA.names if c not in records_df.columns]
+    if lacking:
+        raise RecordError(f"the records of {out} lack the column(s) {', '.join(lacking)}: a bug in the writer")
     pq, sj = out / "requests.parquet", out / "summary.json"
     with atomic_path(pq) as tmp:
         pq_write(arrow_table(records_df), str(tmp))
     with atomic_path(sj) as tmp:
-        tmp.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(body, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return pq, sj

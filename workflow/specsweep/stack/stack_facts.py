@@ -64,29 +64,29 @@ def file_sha256(path: str | Path | None) -> str | None:
 
 def stack_facts(summary: dict[str, Any]) -> dict[str, Any]:
     """`stack.*` facts of the server that measured this cell (None where not known; callers drop those)."""
-    server = summary.get("server") or {}
-    info = server.get("info") or {}
-    argv = [str(a) for a in server.get("argv") or server.get("command") or []]
-    stack = summary.get("stack") or {}
-    fp_path = stack.get("fingerprint")
+    server = summary["server"]
+    info = server["info"]
+    argv = [str(a) for a in server["argv"]]
+    stack = summary["stack"]
+    fp_path = stack["fingerprint"]
     fp: dict[str, Any] = {}
     if fp_path and Path(fp_path).is_file():
         fp = json.loads(Path(fp_path).read_text())
-    recipe = stack.get("recipe") or fp.get("recipe") or {}
+    recipe = stack["recipe"] or fp.get("recipe") or {}
     tp = info.get("tp_size") or next(
         (v for f in ("--tp-size", "--tp", "--tensor-parallel-size", "-tp") if (v := flag_value(argv, f))), None
     )
-    gpus_env = (server.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or fp.get("cuda_visible_devices")
+    gpus_env = server["env"].get("CUDA_VISIBLE_DEVICES") or fp.get("cuda_visible_devices")
     smi = fp.get("nvidia_smi") or {}
     gpu_names = sorted({g.get("name") for g in smi.get("gpus") or [] if g.get("name")})
     packages = fp.get("packages") or {}
     facts: dict[str, Any] = {
-        "stack.engine": summary.get("engine"),
+        "stack.engine": summary["engine"],
         "stack.engine_version": info.get("version"),
         "stack.model": info.get("model_path") or info.get("served_model"),
-        "stack.draft_model": draft_model(info, bool((summary.get("cell") or {}).get("speculative"))),
-        "stack.tp": tp if tp is not None else (1 if summary.get("engine") == "vllm" else None),
-        "stack.gpus": gpus_env if gpus_env else ("none (CPU)" if server.get("resource") == "cpu" else None),
+        "stack.draft_model": draft_model(info, bool(summary["cell"]["speculative"])),
+        "stack.tp": tp if tp is not None else (1 if summary["engine"] == "vllm" else None),
+        "stack.gpus": gpus_env if gpus_env else ("none (CPU)" if server["resource"] == "cpu" else None),
         "stack.gpu_model": ", ".join(gpu_names) or None,
         "stack.driver": ", ".join(sorted({g.get("driver_version") for g in smi.get("gpus") or []} - {None})) or None,
         "stack.server_command": server_command(argv) if argv else None,

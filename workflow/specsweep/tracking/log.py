@@ -11,7 +11,8 @@ from typing import Any
 
 from specsweep.config import defaults
 from specsweep.io import read_json
-from specsweep.measure.summary import cell_level, cell_step, read_judged
+from specsweep.measure.summary import cell_level, cell_step, read_judged, read_summary
+from specsweep.records import CROSSOVER_FIX, Crossover, read
 from specsweep.redact import redact_text, redact_uri
 from specsweep.tracking.notes import cell_note, crossover_note, sweep_note
 from specsweep.tracking.payloads import (
@@ -60,8 +61,8 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
         f"{TAG}.experiment": cell["experiment"],
         f"{TAG}.variant": cell["variant"],
         f"{TAG}.arm": cell["arm"],
-        f"{TAG}.backend": str(summary.get("client_backend", "")),
-        f"{TAG}.source": str(summary.get("source")),
+        f"{TAG}.backend": str(summary["client_backend"]),
+        f"{TAG}.source": str(summary["source"]),
         f"{TAG}.valid": str(bool(validity["valid"])).lower(),
         f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
         f"{TAG}.summary_sha256": digest,
@@ -87,7 +88,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     cell_runs: dict[int, str] = {}
     steps: list[tuple[int, dict[str, float]]] = []
     summaries: list[dict[str, Any]] = []
-    for path in sorted(summary_paths, key=lambda p: cell_level(read_json(p)["cell"])):
+    for path in sorted(summary_paths, key=lambda p: cell_level(read_summary(p)["cell"])):
         summary = judged_cell(tracker, path)
         summaries.append(summary)
         c = cell_step(summary["cell"])
@@ -146,7 +147,7 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     """The crossover run of one variant: speedup per C (step-logged), crossover and threshold with their
     meaning in the run's description, links to the sweeps it used, plots and policy as artifacts."""
     experiment = tracker.config["experiment"]
-    data = read_json(crossover_path)
+    data = read(Crossover, crossover_path, CROSSOVER_FIX)[1]
     sweeps = [read_json(p) for p in sweep_markers]
     cell_runs = sorted(r for s in sweeps for r in s["cell_run_ids"].values())
     digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode() + LAYOUT.encode()).hexdigest()
@@ -157,7 +158,7 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         tracker.retire(existing, keep=kept, why="duplicate")
         return {"crossover_run_id": kept, "cell_run_ids": cell_runs}
     metrics: dict[str, float] = {}
-    for arm_name, result in (data.get("arms") or {}).items():
+    for arm_name, result in data["arms"].items():
         flatten(arm_name, crossover_numbers(result), metrics)
     proofs = {f: p for f, p in (data.get("policy_proof") or {}).items() if p.get("per_level")}
     for proof in proofs.values():

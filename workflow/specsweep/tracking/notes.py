@@ -24,14 +24,14 @@ def _c(v: Any) -> str:
 
 
 def cell_note(summary: dict[str, Any]) -> str:
-    cell, w, validity = summary["cell"], summary.get("workload") or {}, summary["validity"]
+    cell, w, validity = summary["cell"], summary["workload"], summary["validity"]
     verdict = "valid" if validity["valid"] else "INVALID: " + "; ".join(validity.get("reasons") or [])
     load = cell.get("load", "closed")
     at = {"closed": f"concurrency C={cell['concurrency']}", "open": f"{cell.get('level')} requests/s"}
     where = f"{cell['variant']}/{cell['arm']} at " + at.get(load, f"trace time scale {cell.get('level')}")
     loop = "a closed loop" if load == "closed" else f"an open loop ({load})"
     return (
-        f"Cell {where} ({_source(summary.get('source'))}):"
+        f"Cell {where} ({_source(summary['source'])}):"
         f" {w.get('n_requests')} measured requests of {w.get('output_tokens')} output tokens in {loop};"
         f" {verdict}. Metrics use summary.json's names; the sweep run above charts the headline ones against C."
     )

@@ -41,14 +41,14 @@ def cell_params(summary: dict[str, Any]) -> dict[str, Any]:
         "variant": cell["variant"],
         "arm": cell["arm"],
         "concurrency": cell["concurrency"],
-        "source": summary.get("source"),
+        "source": summary["source"],
     }
-    for k, v in (summary.get("workload") or {}).items():
+    for k, v in summary["workload"].items():
         if not isinstance(v, dict | list):
             params[f"workload.{k}"] = v
-    server = summary.get("server") or {}
-    params["server.identity"] = server.get("identity")
-    info = server.get("info") or {}
+    server = summary["server"]
+    params["server.identity"] = server["identity"]
+    info = server["info"]
     for k in ("speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests"):
         if info.get(k) is not None:
             params[f"server.{k}"] = info[k]
@@ -60,7 +60,7 @@ def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """The cell's own metrics (summary.json's names): no spread over repeats when there is one repeat (it
     carries nothing), no histogram buckets (they stay in the summary.json artifact)."""
     out: dict[str, float] = {}
-    metrics = dict(summary.get("metrics") or {})
+    metrics = dict(summary["metrics"])
     if (metrics.get("n_repeats") or 1) < 2:
         metrics.pop("repeat_spread", None)
     flatten("", metrics, out)
@@ -108,7 +108,7 @@ def prompt_sets_by_level(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Each level's prompt set(s): hash, count, source (the sweep's artifact `prompt_sets.json`)."""
     out: dict[str, Any] = {}
     for s in summaries:
-        w = s.get("workload") or {}
+        w = s["workload"]
         out[level_text(s["cell"])] = {
             "prompt_source": w.get("prompt_source"),
             "prompt_set_sha256": w.get("prompt_set_sha256"),
@@ -124,7 +124,7 @@ def prompt_dataset(summary: dict[str, Any]) -> Any:
     Dataset column and filter tell cells that saw the same prompts from those that did not."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
-    w = summary.get("workload") or {}
+    w = summary["workload"]
     sha = w.get("prompt_set_sha256")
     if not sha:
         return None

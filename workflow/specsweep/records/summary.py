@@ -1,0 +1,190 @@
+"""summary.json: one measured level. `MeasuredLevel` is what every summary holds (`specsweep bench` writes it
+alone); `CellSummary` is a pipeline cell's, with its identity, server facts and stack. Built only by
+`specsweep.measure.summary`; the judgement (validity, goodput) is not stored, it is made when a cell is read."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from specsweep.records.base import Record
+
+SUMMARY_SCHEMA_VERSION = 3  # 3: no validity or goodput stored (judged when read)
+
+
+class Distribution(Record):
+    """A per-request quantity over the measured requests (milliseconds for *_ms)."""
+
+    n: int = Field(description="requests (or gaps) it is computed over; 0 leaves the figures null")
+    mean: float | None = Field(None, description="mean")
+    p50: float | None = Field(None, description="median")
+    p90: float | None = Field(None, description="90th percentile")
+    p99: float | None = Field(None, description="99th percentile")
+
+
+class SteadyWindow(Record):
+    """The part of a repeat in which every client slot was busy (docs/metrics.md), seconds from its t0."""
+
+    start_s: float | None = Field(description="start, seconds from the repeat's t0 (null: no window)")
+    end_s: float | None = Field(description="end")
+
+
+class Metrics(Record):
+    """A level's figures (pooled over its repeats) or one repeat's; definitions in `specsweep.measure.metrics`."""
+
+    n_requests: int = Field(description="requests sent, ramp requests included")
+    n_measured: int = Field(description="requests that count (ramp requests left out)")
+    n_ok: int = Field(description="requests that ended without error")
+    output_tokens_total: int = Field(description="tokens received")
+    duration_s: float | None = Field(description="first send to last end")
+    steady_window: SteadyWindow | None = Field(description="where throughput is measured; null: none")
+    steady_window_s: float | None = Field(description="the steady window's length")
+    output_tok_s_steady: float | None = Field(description="tokens delivered per second in the steady window")
+    output_tok_s_total: float | None = Field(description="tokens over the whole duration")
+    request_throughput_rps: float | None = Field(description="requests completed per second")
+    achieved_concurrency: float | None = Field(description="mean requests in flight in the steady window")
+    running_requests_mean: float | None = Field(
+        description="mean requests running in the server (its own count where reported)"
+    )
+    load: str = Field(description="closed, open or trace")
+    ttft_ms: Distribution = Field(description="time to first token")
+    tpot_ms: Distribution = Field(description="time per output token after the first, per request")
+    e2e_ms: Distribution = Field(description="send to last token")
+
+
+class RepeatSummary(Record):
+    """One repeat (closed loop) or one interleaved block of the level."""
+
+    repeat: int = Field(description="its index: the round of an interleaved level")
+    metrics: Metrics = Field(description="its figures, defined as the pooled ones")
+    t0_unix: float | None = Field(None, description="wall-clock time of its first send")
+    cache_reset: str | None = Field(None, description="outcome of the prefix-cache reset before it")
+    prompt_set_sha256: str | None = Field(None, description="the prompts it sent")
+
+
+class Measurement(Record):
+    """What the measuring process knows: reasons invalidate the cell whatever the gates, flags are shown."""
+
+    reasons: list[str] = Field(description="why the cell is invalid whatever the gates (empty: none)")
+    flags: list[str] = Field(description="noted, not invalidating")
+
+
+class Workload(Record):
+    """What was sent (the request count, prompts and generation settings)."""
+
+    backend: str = Field(description="sglang (native /generate) or openai")
+    endpoint: str = Field(description="generate, completions or chat")
+    n_requests: int = Field(description="measured requests per repeat")
+    ramp_requests: int = Field(description="a slot's first, shortened requests that stagger the slots")
+    stagger: bool = Field(description="whether the slots were staggered by shortened ramp requests")
+    output_tokens: Any = Field(description="tokens asked per request (a number, or a distribution)")
+    temperature: float = Field(description="sampling temperature (0: greedy)")
+    request_timeout_s: float = Field(description="a request slower than this failed")
+    repeats: int = Field(description="repeats (rounds) of the level")
+    prompt_set_sha256: str | None = Field(None, description="all prompts of the level")
+
+
+class MeasuredLevel(Record):
+    """The measured part every summary.json holds (`measure.summary.summary_body` builds it)."""
+
+    schema_version: Literal[3] = Field(description="3: validity and goodput are judged on read, not stored")
+    concurrency: int = Field(description="closed-loop C (open and trace loads: the in-flight cap)")
+    workload: Workload = Field(description="what was sent")
+    metrics: Metrics = Field(description="pooled over the repeats")
+    repeats: list[RepeatSummary] = Field(min_length=1, description="one entry per repeat (interleaved: per round)")
+    server_max_running: int | None = Field(description="the server's own cap on running requests, where known")
+    measurement: Measurement = Field(description="the measuring process's own reasons and flags")
+    t0_unix: float | None = Field(None, description="wall-clock time of the level's first send")
+
+
+class CellIdentity(Record):
+    """Which cell: the key that names it in the results, MLflow and the analysis."""
+
+    experiment: str = Field(description="the config's experiment")
+    variant: str = Field(description="the stack")
+    arm: str = Field(description="the server configuration")
+    concurrency: int = Field(description="C (open and trace: the in-flight cap)")
+    key: str = Field(description="experiment/variant/arm/<level>")
+    speculative: bool = Field(description="whether the arm speculates")
+    load: Literal["open", "trace"] | None = Field(None, description="open and trace cells only")
+    level: float | None = Field(None, description="open: requests/s; trace: time scale")
+
+
+class ServerFacts(Record):
+    """The server the cell measured: its command (secrets masked) and what it reported about itself."""
+
+    engine: str = Field(description="sim, sglang or vllm")
+    identity: str = Field(description="hash of what makes two servers the same (command, environment)")
+    argv: list[str] = Field(description="the command line, secrets masked")
+    env: dict[str, str] = Field(description="the environment variables it was given (secrets masked)")
+    host: str = Field(description="where it listened")
+    port: int = Field(description="its port")
+    resource: str = Field(description="the GPUs or CPUs it holds")
+    info: dict[str, Any] = Field(description="the engine's facts (/server_info, /version, its log): `engines`")
+    pid: int | None = Field(description="its process id")
+    started_at: float | None = Field(description="when it started (Unix time)")
+    ready_after_s: float | None = Field(description="seconds the cell waited for it")
+
+
+class StackRef(Record):
+    """The variant's environment: its fingerprint file and recipe facts."""
+
+    fingerprint: str = Field(description="path of the variant's fingerprint JSON (the env rule's output)")
+    recipe: dict[str, Any] | None = Field(description="the recipe's hash, packages and build time (null: no recipe)")
+
+
+class Block(Record):
+    """One block of a paired level: an arm's repeat, when it ran, and (segments) on which server instance."""
+
+    arm: str = Field(description="whose block")
+    repeat: int = Field(description="its round")
+    start_unix: float | None = Field(None, description="when it started")
+    end_unix: float | None = Field(None, description="when it ended")
+    instance: int | None = Field(None, description="segments: the arm's server instance")
+
+
+class Pairing(Record):
+    """How the arms of a level were measured together (docs/analysis.md, paired intervals)."""
+
+    mode: Literal["interleaved", "segments"] = Field(
+        description="interleaved (blocks of all arms on servers up at once) or segments (instances one after another)"
+    )
+    id: str = Field(description="cells with the same id were measured together: they pair")
+    arms: list[str] = Field(description="the arms measured together")
+    reference_arm: str | None = Field(None, description="the arm the others are compared with")
+    blocks: list[Block] = Field(description="each block: arm, repeat, when it ran")
+
+
+class AttemptLog(Record):
+    attempt: int = Field(description="its number, from 1")
+    valid: bool = Field(description="its validity under the gates")
+    reasons: list[str] = Field(description="why it was invalid")
+
+
+class Attempts(Record):
+    """The cell's measuring attempts: which counts and why (`measure.heal`)."""
+
+    counted: int = Field(description="the attempt the cell's files hold")
+    why: str = Field(description="why that one counts")
+    made: int = Field(description="attempts made")
+    log: list[AttemptLog] = Field(description="each attempt's verdict")
+
+
+class CellSummary(MeasuredLevel):
+    """A pipeline cell's summary.json: the measured level, its identity, the server and the stack."""
+
+    cell: CellIdentity = Field(description="which cell this is")
+    source: Literal["simulated", "real"] = Field(description="the simulated engine, or a real engine")
+    engine: str = Field(description="sim, sglang or vllm")
+    client_backend: str = Field(description="how requests were sent: sglang (native) or openai")
+    server: ServerFacts = Field(description="the server that served the cell")
+    stack: StackRef = Field(description="the variant's environment")
+    cpus: dict[str, Any] = Field(description="the CPU plan: client, server, shared, note")
+    level_s: float = Field(description="seconds the level took: warm-up, cache resets, probes, the loops")
+    measured_s: float = Field(description="seconds of the closed loops themselves")
+    pairing: Pairing | None = Field(None, description="interleaved or segmented levels")
+    attempts: Attempts | None = Field(None, description="where the cell was measured more than once")
+
+
+SUMMARY_FIX = "re-measure the cell (snakemake --forcerun <its summary.json>)"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from specsweep.engines.base import Engine
+
 ENGINES = ("sim", "sglang", "vllm")
 
 
-def get_engine(name: str, api_key_env: str | None = None) -> Any:
+def get_engine(name: str, api_key_env: str | None = None) -> Engine:
     """The engine object; with api_key_env it sends the key on its own requests (server facts, counters)."""
     if name not in ENGINES:
         raise ValueError(f"unknown engine '{name}'; known engines: {', '.join(ENGINES)}")

@@ -76,21 +76,25 @@ class PolicyLine(Record):
 
 
 class Schedule(Record):
-    """A family's derived schedule: the draft length per load range ([[from, to, K], ...])."""
+    """A family's derived schedule: the draft length per load range ([[from, to, K], ...]), or why there is none."""
 
-    schedule: list[list[int]] = Field(description="[from, to, K] ranges of running requests")
-    rule: str = Field(description="how K was chosen per level")
-    reason: str = Field(description="K per level, in words")
-    per_level: list[dict[str, Any]] = Field(description="the candidates per level")
+    schedule: list[list[int]] | None = Field(
+        description="[from, to, K] ranges of running requests (null: none derived)"
+    )
+    reason: str = Field(description="K per level in words, or why no schedule was derived")
+    rule: str | None = Field(None, description="how K was chosen per level (absent: not derived)")
+    per_level: list[dict[str, Any]] | None = Field(None, description="the candidates per level (absent: not derived)")
 
 
 class Proof(Record):
     """The policy arm against the best fixed arm per level, paired where measured together."""
 
     policy_arm: str = Field(description="the arm serving the schedule")
-    per_level: list[dict[str, Any]] = Field(description="policy over best fixed arm per level, with its interval")
-    holds: bool | None = Field(description="whether the policy holds everywhere it was judged (null: nothing judged)")
-    verdict: str = Field(description="in words")
+    verdict: str = Field(description="in words (`not measured: ...` when the policy arm has no cells)")
+    holds: bool | None = Field(description="whether the policy holds everywhere it was judged (null: not judged)")
+    per_level: list[dict[str, Any]] | None = Field(
+        None, description="policy over best fixed arm per level, with its interval (absent: not measured)"
+    )
 
 
 class Crossover(Record):

@@ -101,3 +101,14 @@ def test_a_cell_spec_missing_a_field_is_a_cell_error(tmp_path: Path) -> None:
     del spec["n_requests"]
     with pytest.raises(CellError, match=r"n_requests: missing.*specsweep\.config\.cell_spec"):
         prepare_cell(spec, tmp_path / "env.json")
+
+
+def test_zero_requests_is_a_whole_trace_and_nothing_else() -> None:
+    """A trace level measures its whole trace (n_requests 0); any other level with 0 would measure nothing."""
+    cfg = ssconfig.load(REPO / "config" / "config.yaml")
+    variant = next(iter(cfg["variants"]))
+    spec = ssconfig.cell_spec(cfg, variant, cfg["analysis"]["baseline_arm"], 4)
+    with pytest.raises(RecordError, match="only a trace level measures its whole trace"):
+        check(CellSpec, {**spec, "n_requests": 0}, "a cell spec", "-")
+    trace = {**spec, "n_requests": 0, "level": 1.0, "load": {"mode": "trace", "max_in_flight": 64}}
+    assert check(CellSpec, trace, "a trace cell spec", "-").n_requests == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from specsweep.records.base import Record
 
@@ -40,9 +40,16 @@ class CellSpec(Record):
     workload: dict[str, Any] = Field(description="the config's workload block")
     client: dict[str, Any] = Field(description="the config's client block")
     concurrency: int = Field(ge=1, description="C (open and trace: the in-flight cap)")
-    n_requests: int = Field(ge=1, description="measured requests per repeat")
+    n_requests: int = Field(ge=0, description="measured requests per repeat (a trace level: 0, the whole trace)")
     load: CellLoad | None = Field(None, description="open and trace cells")
     level: float | None = Field(None, description="open: requests/s; trace: time scale")
+
+    @model_validator(mode="after")
+    def _requests_are_counted(self) -> CellSpec:
+        """Zero requests means the whole trace, and only a trace level has one."""
+        if self.n_requests == 0 and (self.load is None or self.load.mode != "trace"):
+            raise ValueError("n_requests is 0, and only a trace level measures its whole trace")
+        return self
 
 
 CELL_SPEC_FIX = "build the spec with specsweep.config.cell_spec (the workflow does), or run the cell through snakemake"

@@ -56,7 +56,9 @@ class ArmResult(Record):
     crossover_concurrency: float | None = Field(description="where speculation stops paying (null: no crossing)")
     crossover_ci_low: float | None = Field(description="its interval's lower end")
     crossover_ci_high: float | None = Field(description="its upper end (null: open)")
-    crossover: dict[str, Any] = Field(description="the estimate, its interval and their states")
+    crossover: dict[str, Any] | None = Field(
+        description="the estimate, its interval and their states (null: fewer than two usable levels)"
+    )
     verdict: Verdict = Field(description="what the levels say")
     threshold: float | None = Field(description="the policy line's N (null: no line can be drawn)")
     notes: list[str] = Field(description="what a reader must know to read the numbers")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import io
 import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,23 +23,13 @@ LAYERS = Path("sglang") / "srt" / "layers"
 FILES = ("flashinfer_comm_fusion.py", "communicator.py")
 
 
-def _site(python: str) -> Path:
-    out = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
-
-
 @pytest.fixture
 def released(sglang_python: str, tmp_path: Path) -> Path:
     """A site-packages holding the pinned release's two fusion files, unpatched."""
     site = tmp_path / "site"
     (site / LAYERS).mkdir(parents=True)
     for name in FILES:
-        shutil.copy(_site(sglang_python) / LAYERS / name, site / LAYERS / name)
+        shutil.copy(envbuild.site_packages(Path(sglang_python)) / LAYERS / name, site / LAYERS / name)
     return site
 
 

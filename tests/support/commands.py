@@ -69,7 +69,7 @@ def stacks_for(config_name: str) -> dict[str, dict]:
                     "sha256": hashlib.sha256(p["path"].read_bytes()).hexdigest(),
                     "target": p["target"],
                     "strip": p["strip"],
-                    "files": sorted({"/".join(f.split("/")[p["strip"] :]) for f in envbuild.patch_hunks(p["path"])}),
+                    "files": sorted(set(envbuild.patched_files(p))),
                 }
                 for p in patches
             ],

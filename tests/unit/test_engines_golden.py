@@ -30,23 +30,21 @@ def test_golden_commands(config_name: str, monkeypatch: pytest.MonkeyPatch) -> N
     for k in list(os.environ):  # identities must not depend on the developer's environment
         if k.startswith(("CUDA_", "VLLM_")):
             monkeypatch.delenv(k, raising=False)
-    got = commands_for(config_name)
-    path = GOLDEN / f"{config_name}.commands.json"
+    _matches_golden(commands_for(config_name), GOLDEN / f"{config_name}.commands.json", "command lines")
+
+
+def _matches_golden(got: dict, path: Path, what: str) -> None:
+    """`got` equals the golden file at `path` (rewritten first under SPECSWEEP_UPDATE_GOLDEN)."""
     if os.environ.get("SPECSWEEP_UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
     want = json.loads(path.read_text())
-    assert got == want, f"command lines changed; if intended, regenerate {path} (see module docstring)"
+    assert got == want, f"{what} changed; if intended, regenerate {path} (see module docstring)"
 
 
 @pytest.mark.parametrize("config_name", EXAMPLES)
 def test_golden_stacks(config_name: str) -> None:
     """Each variant's recipe and the patches it applies after pip (a changed patch changes the stack)."""
-    got = stacks_for(config_name)
-    path = GOLDEN / f"{config_name}.stacks.json"
-    if os.environ.get("SPECSWEEP_UPDATE_GOLDEN"):
-        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
-    want = json.loads(path.read_text())
-    assert got == want, f"stacks changed; if intended, regenerate {path} (see module docstring)"
+    _matches_golden(stacks_for(config_name), GOLDEN / f"{config_name}.stacks.json", "stacks")
 
 
 def test_kimi_fusion_stack_carries_the_sm120_patch_of_both_files_that_gate_fusion() -> None:

@@ -143,18 +143,26 @@ def test_fusion_workspace_is_read_from_the_running_instances_log(tmp_path) -> No
     fail += "Disabling flashinfer allreduce fusion permanently."
     up = "[TP0] FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank=0, world_size=8"
     log.write_text(f"\n=== 2026-12-02T10:00:00 starting v/a: python -m sglang.launch_server\n{fail}\n")
-    assert log_facts("sglang", instance_log(log))["fusion_workspace"].startswith("failed: [TP0] Failed")
+    assert log_facts("sglang", lambda: instance_log(log))["fusion_workspace"].startswith("failed: [TP0] Failed")
     with log.open("a") as f:
         f.write(f"\n=== 2026-12-02T11:00:00 starting v/a: python -m sglang.launch_server\n{up}\n")
     assert instance_log(log) == [up]
-    assert log_facts("sglang", instance_log(log))["fusion_workspace"] == f"initialized: {up}"
-    assert log_facts("sglang", [up, fail])["fusion_workspace"].startswith("failed")  # a failure wins
-    assert log_facts("sglang", ["anything else"]) == {"fusion_workspace": None}
-    assert log_facts("vllm", [fail]) == {} and instance_log(tmp_path / "none.log") == []
+    assert log_facts("sglang", lambda: instance_log(log))["fusion_workspace"] == f"initialized: {up}"
+    assert log_facts("sglang", lambda: [up, fail])["fusion_workspace"].startswith("failed")  # a failure wins
+    assert log_facts("sglang", lambda: ["anything else"]) == {"fusion_workspace": None}
+    assert log_facts("vllm", lambda: [fail]) == {} and instance_log(tmp_path / "none.log") == []
+
+    def unread() -> list[str]:
+        raise AssertionError("an engine without log facts had its server log read")
+
+    assert log_facts("vllm", unread) == {} and log_facts("sim", unread) == {}
     fused = ["--flashinfer-allreduce-fusion-backend", "auto"]
     info = summarize_server_info(payload(flashinfer_allreduce_fusion_backend="auto"))
-    reasons, _ = served_as_asked("sglang", fused, {**info, **log_facts("sglang", [fail])})
+    reasons, _ = served_as_asked("sglang", fused, {**info, **log_facts("sglang", lambda: [fail])})
     assert any("workspace set-up failed" in r for r in reasons)
-    assert served_as_asked("sglang", [], {**info, **log_facts("sglang", [fail])}) == ([], [])  # fusion not asked
+    assert served_as_asked("sglang", [], {**info, **log_facts("sglang", lambda: [fail])}) == (
+        [],
+        [],
+    )  # fusion not asked
     reasons, flags = served_as_asked("sglang", fused, info)  # measured before the log was read: nothing new
     assert reasons == [] and not any("server log" in f for f in flags)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from specsweep.engines.base import Engine
@@ -27,10 +28,11 @@ def served_as_asked(engine: str | None, argv: list[str], info: dict[str, Any]) -
     return check(list(argv or []), dict(info or {})) if check else ([], [])
 
 
-def log_facts(engine: str | None, lines: list[str]) -> dict[str, Any]:
-    """Facts a server states only in its log (an engine module's `log_facts` over the current instance's lines;
-    none for engines without one), stored beside its /server_info facts and judged by `served_as_asked`."""
+def log_facts(engine: str | None, lines: Callable[[], list[str]]) -> dict[str, Any]:
+    """Facts a server states only in its log (an engine module's `log_facts` over the current instance's lines,
+    `lines()` read only for an engine that has one), stored beside its /server_info facts and judged by
+    `served_as_asked`."""
     if engine not in ENGINES:
         return {}
     read = getattr(importlib.import_module(f"specsweep.engines.{engine}"), "log_facts", None)
-    return read(lines) if read else {}
+    return read(lines()) if read else {}

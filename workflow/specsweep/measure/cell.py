@@ -437,7 +437,10 @@ def finish_summary(
             "client_backend": server.client_backend,
             "server": {
                 **server.public_dict(),
-                "info": {**summary.pop("server_info"), **log_facts(server.engine, servers.instance_log(rec.log_path))},
+                "info": {
+                    **summary.pop("server_info"),
+                    **log_facts(server.engine, lambda: servers.instance_log(rec.log_path)),
+                },
                 "pid": rec.server_pid,
                 "started_at": rec.started_at,
                 "ready_after_s": ready_s,

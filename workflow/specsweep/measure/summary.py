@@ -239,10 +239,14 @@ def read_summary(path: str | Path) -> dict[str, Any]:
 def read_records(path: str | Path) -> pd.DataFrame:
     """requests.parquet, checked against the request record's columns (`client.loadgen.RECORD_SCHEMA`)."""
     df = pd.read_parquet(path)
-    missing = [c for c in RECORD_SCHEMA.names if c not in df.columns]
-    if missing:
-        raise RecordError(f"{path} lacks the request record's column(s) {', '.join(missing)}. Fix: {SUMMARY_FIX}")
+    if missing := _lacking_columns(df):
+        raise RecordError(f"{path} lacks the request record's column(s) {missing}. Fix: {SUMMARY_FIX}")
     return df
+
+
+def _lacking_columns(df: pd.DataFrame) -> str:
+    """The request record's columns `df` lacks, as a list in words ("" when none)."""
+    return ", ".join(c for c in RECORD_SCHEMA.names if c not in df.columns)
 
 
 def read_judged(
@@ -272,9 +276,8 @@ def write_cell(
     out = Path(out_dir)
     body = jsonable(summary)
     check(record, body, f"the summary of {out}", "this is a bug in the writer: report it")
-    lacking = [c for c in RECORD_SCHEMA.names if c not in records_df.columns]
-    if lacking:
-        raise RecordError(f"the records of {out} lack the column(s) {', '.join(lacking)}: a bug in the writer")
+    if lacking := _lacking_columns(records_df):
+        raise RecordError(f"the records of {out} lack the column(s) {lacking}: a bug in the writer")
     pq, sj = out / "requests.parquet", out / "summary.json"
     with atomic_path(pq) as tmp:
         pq_write(arrow_table(records_df), str(tmp))

@@ -330,6 +330,11 @@ def _patch_failure(patch: dict[str, Any], target: Path, output: str, recipe_path
     return f"{where} failed in {target}: {output.strip()[-2000:]}"
 
 
+def patched_files(patch: dict[str, Any]) -> list[str]:
+    """The files a recipe's patch directive changes, as paths under its target (after `patch -pN`)."""
+    return [_strip(f, patch["strip"]) for f in patch_hunks(Path(patch["path"]))]
+
+
 def _strip(name: str, n: int) -> str:
     """A patch's file name after `patch -pN`."""
     return "/".join(name.split("/")[n:])
@@ -366,7 +371,7 @@ def apply_patches(patches: list[dict[str, Any]], python: Path, log: TextIO, reci
                 "sha256": hashlib.sha256(patch["path"].read_bytes()).hexdigest(),
                 "target": patch["target"],
                 "strip": patch["strip"],
-                "files": [_strip(f, patch["strip"]) for f in patch_hunks(patch["path"])],
+                "files": patched_files(patch),
             }
         )
     return applied

@@ -272,7 +272,7 @@ def _fusion_findings(variant: str, spec: dict[str, Any], recipe: dict[str, Any] 
     sm = ", ".join(f"SM{m}0" for m in unsupported)
     patches = (recipe or {}).get("patches", [])
     by_file = {
-        f: [p for p in patches if any(_target_path(p, g).endswith(f) for g in _patched_files(p))]
+        f: [p for p in patches if any(_target_path(p, g).endswith(f) for g in envbuild.patched_files(p))]
         for f in FUSION_PATCH_FILES
     }
     how = (
@@ -316,10 +316,6 @@ def _fusion_findings(variant: str, spec: dict[str, Any], recipe: dict[str, Any] 
 def _target_path(patch: dict[str, Any], file: str) -> str:
     """A patched file's path under site-packages."""
     return f"{patch['target']}/{file}".strip("/")
-
-
-def _patched_files(patch: dict[str, Any]) -> list[str]:
-    return ["/".join(f.split("/")[patch["strip"] :]) for f in envbuild.patch_hunks(Path(patch["path"]))]
 
 
 def _driver_findings(variant: str, recipe: dict[str, Any], driver: str) -> list[Finding]:

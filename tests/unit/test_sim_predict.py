@@ -39,8 +39,8 @@ def test_full_default_sweep_predicts_under_one_second():
 
 
 def test_demo_profile_promises():
-    """Crossover clearly inside; <= ~2.5 min of serving for the 16 cells of the default workload (4 turnovers
-    per slot after the ramp); <= ~3000 chunks/s."""
+    """Crossover clearly inside; under a minute of serving for the 16 cells of the default workload (4 turnovers
+    per slot after the ramp); <= ~7500 chunks/s (the server uses about a fifth of a core there: docs/sim.md)."""
     p = load_profile("demo")
     sweep = predict_sweep(p, DEFAULT_LEVELS)
     cx = sweep.crossovers()
@@ -49,8 +49,8 @@ def test_demo_profile_promises():
     assert sp[0] > 1.3 and sp[-1] < 0.9
     warmup = sum(simulate_level(p, s, 1, 2, 128, 64, stagger=False).duration_s for s in (False, True)) * 8
     serving = sum(x.duration_s for x in sweep.baseline + sweep.speculative) + warmup
-    assert serving <= 160
-    assert max(x.peak_chunks_per_s for x in sweep.baseline + sweep.speculative) <= 3000
+    assert serving <= 55
+    assert max(x.peak_chunks_per_s for x in sweep.baseline + sweep.speculative) <= 7500
 
 
 def test_workload_defaults_are_the_pipelines():

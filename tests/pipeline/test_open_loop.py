@@ -28,7 +28,7 @@ BASE = {
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {"sim": {"engine": "sim", "profile": "demo"}},
 }
-RATES = (5, 20, 60)  # demo profile: speculation lowers TPOT at 5 and 20 requests/s, raises it at 60
+RATES = (15, 60, 180)  # demo profile: speculation lowers TPOT at 15 and 60 requests/s, raises it at 180
 CLOSED = (1, 4, 30)  # brackets the running requests the open levels reach
 
 
@@ -78,7 +78,7 @@ def test_open_sweep_crossover_is_given_in_running_requests_and_sets_the_policy(s
     assert result["load"] == "open"
     ar = result["arms"]["eagle3"]
     speedups = [r["speedup"] for r in ar["per_level"]]
-    assert speedups[0] > 1 > speedups[-1], speedups  # faster at low rates, slower at 60/s
+    assert speedups[0] > 1 > speedups[-1], speedups  # faster at low rates, slower at 180/s
     running = ar["running_requests"]
     assert [r["level"] for r in running["per_level"]] == list(RATES)
     x, rx = ar["crossover"], running["crossover"]

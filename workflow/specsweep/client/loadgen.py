@@ -148,7 +148,6 @@ def new_session(concurrency: int = 0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
-LAG_INTERVAL_S = 0.010  # the loop-lag monitor's tick, idle and measuring alike
 WARMUP_TOKENS = 32  # a warm-up request's output cap: enough decode steps at batch size C, little time
 
 
@@ -308,8 +307,7 @@ async def measure_level(
     server_pid: int | None = None,
     watch_cpus: tuple[int, ...] | None = None,
     idle_probe_s: float = 0.5,
-    idle_lag: list[float] | None = None,
-    lag_interval_s: float = LAG_INTERVAL_S,
+    lag_interval_s: float = 0.010,
     on_done: ProgressFn | None = None,
     session: aiohttp.ClientSession | None = None,
     plans: list[ArrivalPlan] | None = None,
@@ -320,8 +318,7 @@ async def measure_level(
 
     The one measuring path of the pipeline and `specsweep bench`. Warm-up (`warmup_count(warmup, C)` requests
     of at most WARMUP_TOKENS tokens from the warm-up set, at concurrency C, not recorded) runs once. Before each
-    repeat: the engine's prefix cache is reset (`hooks`), the host's idle loop lag is probed (or `idle_lag`, samples
-    probed by the caller moments before, is used: interleaved blocks share one probe), counters are read.
+    repeat: the engine's prefix cache is reset (`hooks`), the host's idle loop lag is probed, counters are read.
     Around the closed loop: the client's CPU time, run-queue wait and chunk-stamp statistics, and (with
     `server_pid`) the CPU time of the server tree and of other processes on `watch_cpus` (the client's and the
     server's CPUs). After it, the counters again.
@@ -358,7 +355,7 @@ async def measure_level(
                 result.meta["warmup_error"] = f"{wrecs[0].error_kind}: {wrecs[0].error}"
         for rep in range(repeats):
             reset = await hooks.reset_cache(s, spec.url) if (hooks is not None and reset_cache) else "skipped"
-            idle = list(idle_lag) if idle_lag is not None else await probe_idle(idle_probe_s, lag_interval_s)
+            idle = await probe_idle(idle_probe_s, lag_interval_s)
             before = await hooks.counters(s, spec.url) if hooks is not None else None
             if isinstance(stream, FastPool):
                 await stream.prewarm(spec.url, min(concurrency, OPEN_PREWARM) if plans is not None else concurrency)

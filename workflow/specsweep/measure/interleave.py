@@ -23,14 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.client.cpu import pinned
-from specsweep.client.loadgen import (
-    LAG_INTERVAL_S,
-    LevelResult,
-    RepeatResult,
-    measure_level,
-    new_session,
-    probe_idle,
-)
+from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
 from specsweep.client.prompts import LevelPrompts
 from specsweep.config import defaults
 from specsweep.measure import heal
@@ -93,12 +86,6 @@ async def _measure_blocks(
     warmup_errors = dict.fromkeys(arms, 0)
     level_s = dict.fromkeys(arms, 0.0)
     blocks: list[dict[str, Any]] = []
-    # the host's idle loop lag, probed once for the level's blocks (seconds apart) with every server frozen: each
-    # block's loop-lag gate is judged against it (a probe per block cost 0.5 s each, a tenth of the default run)
-    for rec in recs.values():
-        servers.freeze(rec)
-    first = next(iter(cells.values()))
-    idle_lag = await probe_idle(first.spec["client"]["idle_probe_s"], LAG_INTERVAL_S)
     for r, round_arms in enumerate(order):
         for arm in round_arms:
             for other in arms:
@@ -125,7 +112,7 @@ async def _measure_blocks(
                     hooks=cell.engine,
                     server_pid=recs[arm].server_pid,
                     watch_cpus=cell.plan.watched,
-                    idle_lag=idle_lag,
+                    idle_probe_s=cell.spec["client"]["idle_probe_s"],
                     session=session,
                 )
             rep = level.repeats[0]

@@ -4,7 +4,7 @@ Starts `specsweep serve-sim` in a subprocess (its own core), drives it with the 
 closed-loop client (specsweep.virtual.loadcheck) and compares the steady-window aggregate throughput with the
 virtual-time prediction of the same profile, workload and seed. Drift = achieved / model - 1. Both sides use
 the pipeline's staggered slots (C ramp requests, then the measured ones; `--no-stagger` for none) and the
-metrics module's steady window.
+metrics module's steady window. The server CPU column is its process tree's CPU time over the level's wall time.
 Run: .venv/bin/python benchmarks/sim_timing.py [--profile demo] [--speculative] [--levels 1,10,70,250] [--smoke]
 """
 
@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import aiohttp
+import psutil
 
+from specsweep.client.cpu import tree_cpu
 from specsweep.sim.profile import load_profile
 from specsweep.virtual.loadcheck import closed_loop, sim_server
 from specsweep.virtual.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
@@ -50,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     print("drift = achieved / model - 1; 'total' = all tokens / (last end - first send), 'steady' = steady window")
     print(
         f"{'C':>5} {'N':>5} {'model tok/s':>12} {'achieved':>10} {'total':>7} {'steady':>7} {'E2E':>7} "
-        f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6}"
+        f"{'chunks/s':>9} {'max lag ms':>10} {'resets':>6} {'server CPU':>10}"
     )
     with sim_server(*server_argv) as url:
+        # the server is this process's child: its CPU share per level says how much room the profile leaves it
+        server_pid = psutil.Process().children()[0].pid
         asyncio.run(closed_loop(url, 1, 2, args.input_tokens, args.output_tokens, stagger=False))  # warm-up
         sent = 2  # the server numbers requests; ids seed acceptance draws, so the model replays the same ids
         for c in levels:
@@ -68,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 stagger=args.stagger,
             )
             sent += n + model.ramp_requests
+            cpu0, wall0 = tree_cpu(server_pid), time.monotonic()
             got = asyncio.run(closed_loop(url, c, n, args.input_tokens, args.output_tokens, stagger=args.stagger))
+            cpu1, wall1 = tree_cpu(server_pid), time.monotonic()
+            server_share = (cpu1[0] - cpu0[0]) / (wall1 - wall0) if cpu0 and cpu1 else float("nan")
             total = got.aggregate_total_tok_s / model.aggregate_total_tok_s - 1
             steady = got.aggregate_tok_s / model.aggregate_tok_s - 1
             e2e = got.e2e_s / model.e2e_s - 1
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{c:>5} {n:>5} {model.aggregate_total_tok_s:>12.1f} {got.aggregate_total_tok_s:>10.1f} "
                 f"{100 * total:>+6.2f}% {100 * steady:>+6.2f}% {100 * e2e:>+6.2f}% {rate:>9.0f} "
-                f"{1000 * got.max_lag_s:>10.2f} {asyncio.run(resets(url)):>6}"
+                f"{1000 * got.max_lag_s:>10.2f} {asyncio.run(resets(url)):>6} {100 * server_share:>9.0f}%"
             )
     return 0
 

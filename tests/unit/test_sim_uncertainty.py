@@ -65,7 +65,7 @@ def test_rich_data_pins_a_parameter_that_thin_data_leaves_free() -> None:
 
     rich = {r.name: r for r in identify(base, targets([1, 2, 5, 10, 30, 70, 100, 250]), params).ranges}
     thin = {r.name: r for r in identify(base, targets([30]), params).ranges}
-    for name, value in (("step.fixed_s", 0.00112), ("step.per_seq_s", 0.00005)):
+    for name, value in (("step.fixed_s", truth.step.fixed_s), ("step.per_seq_s", truth.step.per_seq_s)):
         assert rich[name].pinned and value == pytest.approx(rich[name].best, rel=1e-3), rich[name]
         assert rich[name].lo * (1 - 1e-9) <= value <= rich[name].hi * (1 + 1e-9), rich[name]
         assert not thin[name].pinned, thin[name]

@@ -50,8 +50,7 @@ localrules:
     schedule,
     crossover_variant,
     compare,
-    track_sweep,
-    track_crossover,
+    track_variant,
     merge_segments,
 
 

@@ -65,9 +65,9 @@ def test_a_password_inside_the_uri_is_used_and_masked(
     host = mlflow_server.url.removeprefix("http://")
     config["mlflow"]["tracking_uri"] = f"http://admin:{mlflow_server.password}@{host}"
     (work / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = snakemake(work, base_env(), "--forcerun", "track_sweep", "track_crossover")
+    proc = snakemake(work, base_env(), "--forcerun", "track_variant")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "localrule track_sweep" in proc.stdout + proc.stderr and "localrule cell" not in proc.stdout + proc.stderr
+    assert "localrule track_variant" in proc.stdout + proc.stderr and "localrule cell" not in proc.stdout + proc.stderr
     assert _run_ids(client) == before  # logged once: the rerun found every run complete and kept it
     marker = json.loads((work / "results" / EXP / "sim" / "eagle3" / "mlflow_sweep.json").read_text())
     assert marker["tracking_uri"] == mlflow_server.url

@@ -112,7 +112,7 @@ def test_re_analysis_keeps_the_rounds_and_measures_nothing(adaptive_run: Path, t
     assert plan.returncode == 0, text[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", text.split("Job stats:")[1].split("Reasons")[0], flags=re.M))
     jobs.pop("job", None)
-    expected = {"refine", "schedule", "crossover_variant", "track_sweep", "track_crossover", "crossover", "total"}
+    expected = {"refine", "schedule", "crossover_variant", "track_variant", "crossover", "total"}
     assert set(jobs) == expected, jobs
     before = {p: p.stat().st_mtime_ns for p in (work / "results" / "ad" / "sim").rglob("*") if p.is_file()}
     proc = snakemake(work, "crossover")

@@ -184,8 +184,7 @@ def test_adding_a_variant_runs_only_the_new_variant(finished: Path) -> None:
         "env": {"c"},
         "paired_level": {"c"},
         "crossover_variant": {"c"},
-        "track_sweep": {"c"},
-        "track_crossover": {"c"},
+        "track_variant": {"c"},
     }
 
 
@@ -193,7 +192,7 @@ def test_changing_the_mlflow_uri_reruns_tracking_only(finished: Path) -> None:
     cfg = yaml.safe_load((finished / "config.yaml").read_text())
     cfg["mlflow"]["tracking_uri"] = "sqlite:///elsewhere/mlflow.db"
     write(finished, cfg)
-    assert variants_of(planned(finished)) == {"track_sweep": {"a", "b"}, "track_crossover": {"a", "b"}}
+    assert variants_of(planned(finished)) == {"track_variant": {"a", "b"}}
 
 
 def test_changing_one_arms_server_flag_re_measures_that_variants_pairs(finished: Path) -> None:
@@ -208,8 +207,7 @@ def test_changing_one_arms_server_flag_re_measures_that_variants_pairs(finished:
     assert variants_of(jobs) == {
         "paired_level": {"a"},
         "crossover_variant": {"a"},
-        "track_sweep": {"a"},
-        "track_crossover": {"a"},
+        "track_variant": {"a"},
     }
 
 
@@ -225,8 +223,7 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     write(finished, cfg)
     assert variants_of(planned(finished)) == {
         "crossover_variant": {"a", "b"},
-        "track_sweep": {"a", "b"},
-        "track_crossover": {"a", "b"},
+        "track_variant": {"a", "b"},
     }
     cells = sorted(finished.glob("results/rr/*/*/c*/*.*"))
     before = {p: p.stat().st_mtime_ns for p in cells}

@@ -24,7 +24,9 @@ from tests.slurm.conftest import EXP, sacct, snakemake_cmd
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 LEVELS = ("c1", "c10", "c70")  # tests/slurm/cluster.yaml
-VARIANTS = ("sim", "sim-fused")
+# One variant of the two: what the tier asserts holds per server group, and the second variant's groups repeated the
+# first's (the same rules and resources, another config value) for about half of the tier's DAG time.
+VARIANTS = ("sim",)
 
 
 def summaries(workdir: Path) -> dict[tuple[str, str], list[dict]]:
@@ -39,9 +41,10 @@ def summaries(workdir: Path) -> dict[tuple[str, str], list[dict]]:
 @pytest.fixture(scope="module")
 def experiment(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("slurm-run")
+    targets = [f"results/{EXP}/{v}/{f}" for v in VARIANTS for f in ("crossover.json", "mlflow_crossover.json")]
     t0 = time.monotonic()
     proc = subprocess.run(
-        snakemake_cmd(workdir, "crossover"), cwd=workdir, env=cluster, capture_output=True, text=True, timeout=840
+        snakemake_cmd(workdir, *targets), cwd=workdir, env=cluster, capture_output=True, text=True, timeout=840
     )
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)
     (workdir / "wall_s.txt").write_text(f"{time.monotonic() - t0:.0f}\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specsweep.config import load_arg
 from specsweep.io import atomic_write_json
-from specsweep.tracking.log import TrackingFailed, track
+from specsweep.tracking.log import TrackingFailed, track, track_variant
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cx.add_argument("--crossover", required=True, type=Path)
     cx.add_argument("--out", required=True, type=Path)
     cx.add_argument("sweeps", nargs="+", type=Path)
+    va = sub.add_parser("variant", help="log one variant: every arm's sweep, then its crossover (the workflow's job)")
+    va.add_argument("--config", required=True)
+    va.add_argument("--variant", required=True)
+    va.add_argument("--crossover", required=True, type=Path)
+    va.add_argument("--out", required=True, type=Path, help="the crossover's marker JSON")
+    va.add_argument("--sweeps", required=True, nargs="+", type=Path, help="<variant>/<arm>/mlflow_sweep.json per arm")
+    va.add_argument("--cells", nargs="*", type=Path, default=[], help="<variant>/<arm>/c<C>/summary.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.what == "sweep":
             marker = track(config, "sweep", args.variant, arm=args.arm, summaries=list(args.summaries))
-        else:
+        elif args.what == "crossover":
             marker = track(config, "crossover", args.variant, crossover=args.crossover, sweeps=list(args.sweeps))
+        else:
+            marker = track_variant(config, args.variant, list(args.cells), args.crossover, list(args.sweeps))
     except TrackingFailed as e:
         if e.bug_traceback:
             print(e.bug_traceback, file=sys.stderr)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from specsweep.config import defaults
-from specsweep.io import read_json
+from specsweep.io import atomic_write_json, read_json
 from specsweep.measure.summary import cell_level, cell_step, read_judged, read_summary
 from specsweep.records import CROSSOVER_FIX, Crossover, read
 from specsweep.redact import redact_text, redact_uri
@@ -220,6 +222,27 @@ class TrackingFailed(Exception):
         self.bug_traceback = bug_traceback
 
 
+@contextmanager
+def failures_named(config: dict[str, Any]) -> Iterator[None]:
+    """Any failure to log as TrackingFailed: failure_text's line (where, what, the fix), with the redacted
+    traceback when it was no server's refusal or absence."""
+    try:
+        yield
+    except Exception as exc:
+        bug = not (unreachable(exc) or error_code(exc) in AUTH_CODES)
+        raise TrackingFailed(failure_text(exc, config), redact_text(traceback.format_exc()) if bug else None) from exc
+
+
+def sweep_marker(tracker: Tracker, variant: str, arm: str, summaries: list[Path]) -> dict[str, Any]:
+    """One arm's sweep logged, as its marker; none for a policy arm whose family got no schedule."""
+    if not summaries:
+        marker = {"arm": arm, "sweep_run_id": None, "cell_run_ids": {}, "note": "no cells: the arm served no schedule"}
+    else:
+        marker = log_sweep(tracker, variant, arm, summaries)
+    marker["tracking_uri"] = redact_uri(tracker.uri)
+    return marker
+
+
 def track(
     config: dict[str, Any],
     what: str,
@@ -230,23 +253,35 @@ def track(
     crossover: Path | None = None,
     sweeps: list[Path] | None = None,
 ) -> dict[str, Any]:
-    """What `specsweep track` logs: `what` "sweep" (one variant x arm: its `summaries`, none for a policy arm
-    that served no schedule) or "crossover" (the variant's `crossover` with its `sweeps` markers). Returns the
-    marker (its run ids and the redacted tracking URI); TrackingFailed says where, what and the fix."""
+    """What `specsweep track sweep|crossover` logs: `what` "sweep" (one variant x arm: its `summaries`, none for a
+    policy arm that served no schedule) or "crossover" (the variant's `crossover` with its `sweeps` markers).
+    Returns the marker (its run ids and the redacted tracking URI); TrackingFailed says where, what and the fix."""
     if not ((what == "sweep" and arm) or (what == "crossover" and crossover)):
         raise ValueError(f"track: a sweep is logged with its arm, a crossover with its crossover.json (got {what!r})")
-    try:
+    with failures_named(config):
         tracker = Tracker(config)
-        if what == "sweep" and not summaries:  # a policy arm whose family got no schedule: nothing to log
-            note = "no cells: the arm served no schedule"
-            marker = {"arm": arm, "sweep_run_id": None, "cell_run_ids": {}, "note": note}
-        elif what == "sweep":
-            marker = log_sweep(tracker, variant, str(arm), list(summaries or []))
+        if what == "sweep":
+            marker = sweep_marker(tracker, variant, str(arm), list(summaries or []))
         else:
             marker = log_crossover(tracker, variant, Path(str(crossover)), list(sweeps or []))
+            marker["tracking_uri"] = redact_uri(tracker.uri)
         tracker.save_view()  # again: a concurrent job's write may have taken this config's arms away
-    except Exception as exc:
-        bug = not (unreachable(exc) or error_code(exc) in AUTH_CODES)
-        raise TrackingFailed(failure_text(exc, config), redact_text(traceback.format_exc()) if bug else None) from exc
-    marker["tracking_uri"] = redact_uri(tracker.uri)
+    return marker
+
+
+def track_variant(
+    config: dict[str, Any], variant: str, cells: list[Path], crossover: Path, sweep_markers: list[Path]
+) -> dict[str, Any]:
+    """What `specsweep track variant` logs: every arm's sweep, then the crossover, through one connection. An
+    arm's cells are the `cells` under its marker's folder (<variant>/<arm>/c<C>/summary.json beside
+    <variant>/<arm>/mlflow_sweep.json); each marker is written as soon as its sweep is logged, so a failure
+    later in the job keeps what was logged. Returns the crossover's marker."""
+    with failures_named(config):
+        tracker = Tracker(config)
+        for path in sweep_markers:
+            arm_cells = [c for c in cells if c.parent.parent == path.parent]
+            atomic_write_json(path, sweep_marker(tracker, variant, path.parent.name, arm_cells))
+        marker = log_crossover(tracker, variant, crossover, sweep_markers)
+        marker["tracking_uri"] = redact_uri(tracker.uri)
+        tracker.save_view()  # again: a concurrent job's write may have taken this config's arms away
     return marker

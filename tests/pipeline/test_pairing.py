@@ -37,7 +37,13 @@ CONFIG: dict[str, Any] = {
     "repeats": 3,
     # at least 32 requests a block: at C=1 with 12, the speculative arm's blocks differed by 7% (328 vs 354 tok/s)
     # from the simulated acceptance's draws alone, the baseline's by 0.4%
-    "workload": {"input_tokens": 16, "output_tokens": 24, "requests": {"per_concurrency": 4, "floor": 32}},
+    "workload": {
+        "input_tokens": 16,
+        "output_tokens": 24,
+        "requests": {"per_concurrency": 4, "floor": 32},
+        "warmup_requests": 0,  # the simulated engine has nothing to warm
+    },
+    "client": {"idle_probe_s": 0.0},  # kernel-stamped chunks: the host's idle lag is a flag's baseline, no gate's
     "gates": {"max_block_drift": 0.1},
     "analysis": {"bootstrap_samples": 400},
     "policy": {"measure": False},

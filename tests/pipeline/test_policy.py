@@ -29,8 +29,9 @@ CONFIG = {
         "input_tokens": 16,
         "output_tokens": 32,
         "requests": {"per_concurrency": 8, "floor": 16},  # narrow enough intervals at C=100 to tell 0.8 from 1
-        "warmup_requests": 1,
+        "warmup_requests": 0,  # the simulated engine has nothing to warm (C=100's warm-up was 100 requests a block)
     },
+    "client": {"idle_probe_s": 0.0},  # kernel-stamped chunks: the host's idle lag is a flag's baseline, no gate's
     "analysis": {"bootstrap_samples": 300},
     "policy": {"schedules": {"eagle3": WRONG}},
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True, "draft_lengths": [1, 3]}},

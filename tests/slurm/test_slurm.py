@@ -1,8 +1,8 @@
 """The default experiment through snakemake-executor-plugin-slurm on a real slurmctld/slurmd (tests/services/slurm.sh).
 
 What must hold on a cluster: one SLURM job per server (variant x arm), whose server starts once and serves every
-level of its arm; the answer itself (valid cells, a crossover per variant); a cancelled job leaves no server
-behind, and a rerun measures only the cells it had not finished.
+level of its arm; the answer itself (valid cells, the crossover; the tier runs variant sim); a cancelled job leaves
+no server behind, and a rerun measures only the cells it had not finished.
 """
 
 from __future__ import annotations

@@ -90,15 +90,6 @@ def served_policy_arms(variant):
     return [a for a, fam in POLICY_ARMS.items() if (families.get(fam) or {}).get("schedule")]
 
 
-def arm_cells(wildcards, name="summary.json"):
-    """One arm's cells at the final levels; none for a policy arm whose family got no schedule."""
-    known("variant", wildcards.variant, VARIANTS)
-    known("arm", wildcards.arm, ARMS)
-    if wildcards.arm in POLICY_ARMS and wildcards.arm not in served_policy_arms(wildcards.variant):
-        return []
-    return [cell_path(wildcards.variant, wildcards.arm, c, name) for c in final_levels(wildcards.variant)]
-
-
 def fixed_cells(wildcards, name="summary.json", levels=None):
     """The fixed arms' cells: what refinement rounds and the schedule judge."""
     known("variant", wildcards.variant, VARIANTS)

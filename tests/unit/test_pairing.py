@@ -24,7 +24,7 @@ from specsweep.config import (
 )
 from specsweep.measure.gates import block_drift_gate
 from specsweep.measure.heal import transient_only
-from specsweep.measure.interleave import block_order, out_dirs
+from specsweep.measure.interleave import block_order, check_specs, out_dirs, round_instances, slot_of
 
 pytestmark = pytest.mark.unit
 
@@ -34,11 +34,34 @@ def test_block_order_is_counterbalanced() -> None:
     assert block_order(["a", "b", "c"], 2) == [["a", "b", "c"], ["c", "b", "a"]]
 
 
-def blocks(order: list[list[str]]) -> list[dict[str, Any]]:
+def test_rounds_go_through_the_instances_counterbalanced() -> None:
+    """1 .. N, N .. 1: with the arms' order reversed each round, 2N rounds give every instance both orders."""
+    assert round_instances(4, 2) == [1, 2, 2, 1]
+    assert round_instances(5, 2) == [1, 2, 2, 1, 1]
+    assert round_instances(6, 3) == [1, 2, 3, 3, 2, 1]
+    assert round_instances(3, 1) == [1, 1, 1]
+    orders = block_order(["a", "b"], 4)
+    seen = {(k, tuple(o)) for k, o in zip(round_instances(4, 2), orders, strict=True)}
+    assert seen == {(1, ("a", "b")), (2, ("b", "a")), (2, ("a", "b")), (1, ("b", "a"))}
+    assert slot_of("base", 1, 1) == "base"  # one instance: the slot the servers always had (reused)
+    assert slot_of("base", 2, 2) == "base.i2"
+
+
+def test_a_level_takes_one_instance_count() -> None:
+    spec = {"concurrency": 4, "repeats": 4, "pairing": {"mode": "interleaved", "instances": 2}}
+    assert check_specs({"a": spec, "b": spec}) == (4, 4, 2)
+    with pytest.raises(Exception, match="server instances"):
+        check_specs({"a": spec, "b": {**spec, "pairing": {"mode": "interleaved"}}})
+
+
+def blocks(order: list[list[str]], instances: int = 1) -> list[dict[str, Any]]:
     out, t = [], 0.0
+    on = round_instances(len(order), instances)
     for r, arms in enumerate(order):
         for arm in arms:
             out.append({"arm": arm, "repeat": r, "start_unix": t, "end_unix": t + 1})
+            if instances > 1:
+                out[-1]["instance"] = on[r]
             t += 1
     return out
 
@@ -50,8 +73,9 @@ def test_rounds_pair_the_blocks_of_both_arms() -> None:
     assert rounds_of(partial, "base", "spec") == [0, 2]  # a round without both arms pairs nothing
 
 
-def cell(arm: str, pid: str, order: list[list[str]]) -> Cell:
-    summary = {"pairing": {"mode": "interleaved", "id": pid, "blocks": blocks(order)}, "cell": {"key": f"x/{arm}"}}
+def cell(arm: str, pid: str, order: list[list[str]], instances: int = 1) -> Cell:
+    pairing = {"mode": "interleaved", "id": pid, "blocks": blocks(order, instances)}
+    summary = {"pairing": pairing, "cell": {"key": f"x/{arm}"}}
     return Cell(arm=arm, concurrency=1.0, path=Path("/nonexistent"), summary=summary)
 
 
@@ -122,6 +146,45 @@ def test_groups_that_disagree_set_the_interval() -> None:
     assert pe.speedup == pytest.approx(math.sqrt(1.4 * 1.6))
     lo, hi = np.percentile(pe.replicates, [2.5, 97.5])
     assert lo < 1.4 and hi > 1.6
+
+
+def test_an_instance_effect_is_inside_the_interval_with_two_instances() -> None:
+    """An A/A pair whose compared arm's instance 1 runs 12% faster than every other instance (what a vLLM CPU A/A
+    pair showed on one instance each): on instance 1 alone the rounds agree and the interval excludes 1, a false
+    verdict; with the rounds spread over two instances each, the rounds show the instance effect, the interval is
+    a t over the two instances' means, and 1 is inside."""
+    order = block_order(["base", "aa"], 6)
+    on = round_instances(6, 2)
+    wobble, aa_wobble = [1.0, 1.02, 0.98, 1.0, 1.02, 0.98], [0.98, 1.0, 1.02, 1.02, 0.98, 1.0]  # blocks' noise
+    base = boot({r: 100.0 * wobble[r] for r in range(6)})
+    one = boot({r: 112.0 * aa_wobble[r] for r in range(6)})  # one instance each: the offset in every round
+    two = boot({r: (112.0 if on[r] == 1 else 100.0) * aa_wobble[r] for r in range(6)})
+    name, rng = "aggregate_tok_s", np.random.default_rng(0)
+    pe1 = paired_estimate(cell("base", "p", order), cell("aa", "p", order), base, one, name, True, 4000, rng)
+    assert pe1 is not None and pe1.unit == "round"
+    lo, hi = np.percentile(pe1.replicates, [2.5, 97.5])
+    assert lo > 1.05, (lo, hi)
+    b2, a2 = cell("base", "p", order, instances=2), cell("aa", "p", order, instances=2)
+    pe2 = paired_estimate(b2, a2, base, two, name, True, 4000, rng)
+    assert pe2 is not None and pe2.unit == "instance" and pe2.pairs == 2 and pe2.df == 1 and pe2.instance_effect
+    d = [math.log((112.0 if on[r] == 1 else 100.0) * aa_wobble[r] / (100.0 * wobble[r])) for r in range(6)]
+    means = [np.mean([x for x, k in zip(d, on, strict=True) if k == inst]) for inst in (1, 2)]
+    assert pe2.speedup == pytest.approx(math.exp(np.mean(means)), rel=1e-9)  # instances weighted equally
+    lo, hi = np.percentile(pe2.replicates, [2.5, 97.5])
+    assert lo < 1.0 < hi and hi > 1.1, (lo, hi)
+
+
+def test_instances_that_agree_pool_their_rounds() -> None:
+    """No instance effect: the rounds go through both instances and are pooled (rounds - 1 degrees of freedom),
+    so a second instance costs no width where the instances agree."""
+    order = block_order(["base", "spec"], 6)
+    base = boot({r: 100.0 * w for r, w in enumerate([1.0, 1.02, 0.98, 1.0, 1.02, 0.98])})
+    spec = boot({r: 150.0 * w for r, w in enumerate([0.98, 1.0, 1.02, 1.02, 0.98, 1.0])})
+    args = (base, spec, "aggregate_tok_s", True, 4000, np.random.default_rng(1))
+    pe = paired_estimate(cell("base", "p", order, 2), cell("spec", "p", order, 2), *args)
+    assert pe is not None and pe.unit == "instance" and pe.instance_effect is False and pe.df == 5
+    lo, hi = np.percentile(pe.replicates, [2.5, 97.5])
+    assert 1.44 < lo < 1.5 < hi < 1.56, (lo, hi)
 
 
 def test_the_blocks_own_noise_sets_the_interval_without_drift() -> None:

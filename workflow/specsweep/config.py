@@ -520,11 +520,25 @@ def policy_reference(served: dict[str, Any], level: float) -> str | None:
 
 
 def instances(config: dict[str, Any], variant: str) -> int:
-    """Server instances per fixed arm of a sequential variant (`pairing.instances`); 1 where arms interleave
-    or the load is open (their cells are measured as they are)."""
+    """Server instances per fixed arm of a sequential variant (`pairing.instances`), measured in segments; 1
+    where arms interleave (their level jobs hold every instance at once: `interleaved_instances`) or the load
+    is open (their cells are measured as they are)."""
     if pairing_mode(config, variant) != "sequential" or load_mode(config) != "closed":
         return 1
     return int(config["pairing"]["instances"])
+
+
+def interleaved_instances(config: dict[str, Any], variant: str) -> int:
+    """Server instances per arm of an interleaved variant (`pairing.instances`): every level job holds them all
+    up at once and its rounds go through them, so the instance effect enters the paired interval."""
+    return int(config["pairing"]["instances"]) if pairing_mode(config, variant) == "interleaved" else 1
+
+
+def with_instance(arm_cfg: dict[str, Any], arm: str, instance: int) -> dict[str, Any]:
+    """The arm's config for its server instance `instance` (1, 2, ...): a variable in the server's environment
+    gives that instance an identity of its own, so the lifecycle code starts it beside the arm's others."""
+    own = arm_cfg.get("env_vars", {}).get(AA_INSTANCE_ENV, arm)
+    return {**arm_cfg, "env_vars": {**arm_cfg.get("env_vars", {}), AA_INSTANCE_ENV: f"{own}.i{instance}"}}
 
 
 def replicated_variants(config: dict[str, Any]) -> list[str]:
@@ -606,8 +620,7 @@ def cell_spec(
     holds the schedule it serves (`served`: its family's entry of schedule.json)."""
     arm_cfg = config["arms"][arm]
     if instance is not None:  # one segment of a replicated arm: a server instance of its own (another identity)
-        own = arm_cfg.get("env_vars", {}).get(AA_INSTANCE_ENV, arm)
-        arm_cfg = {**arm_cfg, "env_vars": {**arm_cfg.get("env_vars", {}), AA_INSTANCE_ENV: f"{own}.i{instance}"}}
+        arm_cfg = with_instance(arm_cfg, arm, instance)
     served_by = arm  # the arm whose server flags the cell's server takes
     if arm_cfg.get("policy"):
         if not served or not served.get("schedule"):
@@ -632,7 +645,7 @@ def cell_spec(
         spec = {**_common_cell_spec(config, variant, served_by, arm_cfg, arm), "concurrency": int(concurrency)}
         spec["n_requests"] = requests_for(config, int(concurrency))
         # measured in interleaved blocks with the best fixed arm at this level (None: none was valid)
-        spec["pairing"] = {"mode": "interleaved", "reference": ref}
+        spec["pairing"] = {"mode": "interleaved", "reference": ref, **_instances_key(config, variant)}
         return spec
     if mode != "closed":
         return {
@@ -680,11 +693,22 @@ def _common_cell_spec(
         "arm_name": name or arm,
         "arm": arm_cfg,
         # interleaved: measured in alternating blocks with these arms (a change of mode or arms re-measures)
-        "pairing": {"mode": "interleaved", "arms": fixed_arms(config)} if paired else {"mode": "sequential"},
+        "pairing": (
+            {"mode": "interleaved", "arms": fixed_arms(config), **_instances_key(config, variant)}
+            if paired
+            else {"mode": "sequential"}
+        ),
         "repeats": config["repeats"],
         "workload": config["workload"],
         "client": config["client"],
     }
+
+
+def _instances_key(config: dict[str, Any], variant: str) -> dict[str, int]:
+    """An interleaved cell spec's server instances per arm, where more than one (one instance adds no key, so
+    the cells measured before instances existed keep their specs)."""
+    n = interleaved_instances(config, variant)
+    return {"instances": n} if n > 1 else {}
 
 
 def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]:

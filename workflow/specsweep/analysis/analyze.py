@@ -28,7 +28,7 @@ from specsweep.analysis.bootstrap import (
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
 from specsweep.analysis.outputs import output_match
-from specsweep.analysis.paired import PairedEstimate, paired_estimate
+from specsweep.analysis.paired import PairedEstimate, paired_estimate, pairing_of
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
 from specsweep.measure.heal import is_drift
@@ -496,7 +496,8 @@ def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
     """How a level's speedup was estimated when its arms were interleaved (None: from separate cells)."""
     if pe is None:
         return None
-    return {"blocks": pe.pairs, "unit": pe.unit, "df": pe.df, "spread_dominates": pe.spread_dominates}
+    out = {"blocks": pe.pairs, "unit": pe.unit, "df": pe.df, "spread_dominates": pe.spread_dominates}
+    return out if pe.instance_effect is None else {**out, "instance_effect": pe.instance_effect}
 
 
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
@@ -648,11 +649,21 @@ def analyze_arm(
     n_reps = [b.n_repeats.get(pname, 0) for b in cells_b if b.has_interval.get(pname)]
     within_only, interval_note = _repeats_note(methods, n_reps)
     pairs = [r["paired"] for r in per_level if r.get("paired")]
+    interleaved = all(pairing_of(x) is None or pairing_of(x)["mode"] == "interleaved" for x in base_cells.values())
     if pairs and len(pairs) == len(used) and {p["unit"] for p in pairs} == {"instance"}:
         counts = sorted({p["blocks"] for p in pairs})
         within_only = counts == [1]
         interval_note = (
-            f"replicated arms: {'/'.join(map(str, counts))} server instance(s) per arm in counterbalanced "
+            f"interleaved arms on {'/'.join(map(str, counts))} server instances per arm: the speedup the mean "
+            "of the instances' paired rounds; where the rounds show an instance effect (F test, 5%), the interval "
+            "is a t over the instances"
+            + (
+                f" (at {sym}={levels_text(effect)}: more instances narrow it)"
+                if (effect := [r["concurrency"] for r in per_level if (r.get("paired") or {}).get("instance_effect")])
+                else " (none showed one)"
+            )
+            if interleaved
+            else f"replicated arms: {'/'.join(map(str, counts))} server instance(s) per arm in counterbalanced "
             "segments, the speedup from the arms' instance means (the instances' spread in the interval)"
         )
     elif pairs and len(pairs) == len(used):  # every level measured in interleaved blocks: the paired interval

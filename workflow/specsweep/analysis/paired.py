@@ -8,6 +8,14 @@ of moving it. The interval is a t interval of that mean with the larger of two v
 noise (each block's block bootstrap) and the spread of the d's over the rounds (drift, slow host periods and
 instance effects), with rounds - 1 degrees of freedom.
 
+With several server instances per arm (`pairing.instances`), round r measured every arm on instance k(r), and the
+instance's own speed is in that round's d; the rounds of one instance share it, so they are not independent. The
+speedup is then the mean over instances of each instance's mean d. Where the rounds show an instance effect (an F
+test of the instances' means against the rounds' spread within them, at 5%), the interval is a t over the
+instances' means (instances - 1 degrees of freedom: two instances that disagree give a wide interval, which is
+what they can tell); where they show none, the rounds are pooled as without instances (the "sometimes pool"
+rule of random-effects analysis), so instances that agree cost no width.
+
 Why rounds and not each block against both its neighbouring blocks: that cancels a linear drift inside the d's,
 but blocks sharing both neighbours are one unit of spread, which leaves rounds / 2 - 1 degrees of freedom: on vLLM
 CPU with 3 repeats one unit was left (t = 6.3 at 90%) and C=1's interval went from 0.17 to 7.4 where the rounds'
@@ -21,11 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats as sps
 
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 
 _MAX_LOG_DRAW = 30.0
+INSTANCE_EFFECT_ALPHA = 0.05  # an F test's level: the rounds show instances that differ beyond their own spread
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,8 @@ class PairedEstimate:
     pairs: int  # rounds (interleaved: one block of each arm) or server instances (segments)
     df: int  # of the variance used: rounds less one, or the blocks' own
     spread_dominates: bool  # the d's varied more than the blocks' own noise explains (drift or instances)
-    unit: str = "round"  # what `pairs` counts: interleaved rounds, or server instances (segments)
+    unit: str = "round"  # what `pairs` counts: interleaved rounds, or server instances (segments, or interleaved)
+    instance_effect: bool | None = None  # interleaved instances: the rounds showed one (its spread set the interval)
 
 
 def pairing_of(cell: Cell) -> dict[str, Any] | None:
@@ -59,6 +70,44 @@ def rounds_of(blocks: list[dict[str, Any]], ref_arm: str, arm: str) -> list[int]
         if b["arm"] in have:
             have[b["arm"]].add(int(b["repeat"]))
     return sorted(have[ref_arm] & have[arm])
+
+
+def round_instance(blocks: list[dict[str, Any]], arm: str) -> dict[int, int]:
+    """Round -> the server instance the arm was measured on (interleaved with `pairing.instances`; 1 without)."""
+    return {int(b["repeat"]): int(b.get("instance") or 1) for b in blocks if b["arm"] == arm}
+
+
+def _instances_estimate(
+    d: np.ndarray, on: list[int], within: float, df_within: int, n_boot: int, rng: np.random.Generator
+) -> PairedEstimate:
+    """Rounds' log ratios `d` grouped by the instance each round ran on: the mean of the instances' means. An
+    instance effect the rounds show (a one-way F test of the instances against the rounds within them, at
+    INSTANCE_EFFECT_ALPHA) sets the variance: the instances' means' spread, instances - 1 degrees of freedom.
+    Otherwise the rounds, which go through every instance, are pooled: their spread, rounds - 1 degrees of
+    freedom, as without instances. One round per instance cannot tell instances from rounds: the instances'
+    spread. The blocks' own sampling noise (`within`) is the floor of either."""
+    groups = [d[[i for i, k in enumerate(on) if k == inst]] for inst in sorted(set(on))]
+    m, n = len(groups), d.size
+    means = np.array([g.mean() for g in groups])
+    point = float(means.mean())
+    resid_df = n - m
+    if resid_df >= 1:
+        ss_within = float(sum(((g - g.mean()) ** 2).sum() for g in groups))
+        ms_between = float(sum(g.size * (g.mean() - d.mean()) ** 2 for g in groups)) / (m - 1)
+        f = ms_between / (ss_within / resid_df) if ss_within > 0 else math.inf
+        effect = bool(sps.f.sf(f, m - 1, resid_df) < INSTANCE_EFFECT_ALPHA) if math.isfinite(f) else ms_between > 0
+    else:
+        effect = True
+    if effect:
+        var, df = float(np.var(means, ddof=1)) / m, m - 1
+    else:
+        var, df = float(np.var(d, ddof=1)) / n, n - 1
+    dominated = True
+    if np.isfinite(within) and within > var and df_within >= 1:
+        var, df, dominated = within, df_within, False
+    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
+    reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
+    return PairedEstimate(math.exp(point), reps, m, int(df), dominated, unit="instance", instance_effect=effect)
 
 
 def _instances(blocks: list[dict[str, Any]], arm: str) -> dict[int, list[int]]:
@@ -102,6 +151,9 @@ def paired_estimate(
     known = all(r in bvar and r in ovar for r in rounds)
     within = sum(bvar[r][0] + ovar[r][0] for r in rounds) / n**2 if known else float("nan")
     df_within = sum(bvar[r][1] + ovar[r][1] for r in rounds) if known else 0
+    on = round_instance(pairing["blocks"], base.arm)
+    if len({on.get(r, 1) for r in rounds}) > 1:
+        return _instances_estimate(d, [on.get(r, 1) for r in rounds], within, int(df_within), n_boot, rng)
     spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
     if n >= 2 and (not known or spread >= within):
         var, df, dominated = spread, n - 1, True

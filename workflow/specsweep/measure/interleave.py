@@ -8,6 +8,12 @@ and the idle servers are frozen (SIGSTOP of their process tree) while another is
 A linear drift then cancels in the mean of the rounds' paired ratios (`analysis/paired.py`), and what is left
 shows in their spread and as the reference arm's drift between its first and last block.
 
+With `pairing.instances` N > 1 every arm has N server instances, all up at once (an instance's own speed is an
+effect of its own: a vLLM CPU A/A pair read 12-15% apart on one instance each, and a paired t over one pair of
+instances cannot see it). Round r measures every arm on instance k(r), going 1 .. N, N .. 1, ... with the arm order
+reversed each round, so each instance sees both orders and the instances are counterbalanced in time; the
+analysis then resamples instances, then rounds (`analysis/paired.py`).
+
 Run by the Snakemake `paired_level` rule and standalone: `specsweep paired-level --specs JSON --env ENV.json
 --out-root DIR ...`. Each arm's cell is written as the `cell` rule writes it, with a `pairing` block in its
 summary: the order, each block's arm, repeat and wall-clock times.
@@ -19,13 +25,14 @@ import asyncio
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from specsweep.client.cpu import pinned
 from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
 from specsweep.client.prompts import LevelPrompts
-from specsweep.config import defaults
+from specsweep.config import defaults, with_instance
 from specsweep.measure import heal
 from specsweep.measure.cell import (
     CellError,
@@ -48,32 +55,78 @@ def block_order(arms: list[str], rounds: int) -> list[list[str]]:
     return [list(arms) if r % 2 == 0 else list(reversed(arms)) for r in range(rounds)]
 
 
-def check_specs(specs: dict[str, dict[str, Any]]) -> tuple[int, int]:
-    """The level's concurrency and repeats (blocks per arm), which every arm must share."""
+def round_instances(rounds: int, instances: int) -> list[int]:
+    """The server instance (1-based) every arm is measured on in each round: 1 .. N, N .. 1, 1 .. N, ...
+    With `block_order`'s alternating arm order and at least 2N rounds, every instance sees both arm orders, and
+    the instances are counterbalanced in time (a linear drift gives each instance's mean the same share)."""
+    cycle = list(range(1, instances + 1)) + list(range(instances, 0, -1))
+    return [cycle[r % len(cycle)] for r in range(rounds)]
+
+
+def slot_of(arm: str, instance: int, instances: int) -> str:
+    """The server slot of an arm's instance in the level's group: the arm itself where it has one instance (the
+    slot the servers had before instances existed, so they are reused), `<arm>.i<k>` otherwise."""
+    return arm if instances == 1 else f"{arm}.i{instance}"
+
+
+def check_specs(specs: dict[str, dict[str, Any]]) -> tuple[int, int, int]:
+    """The level's concurrency, repeats (blocks per arm) and server instances per arm, which every arm must
+    share."""
     if not specs:
         raise CellError("an interleaved level needs at least one arm")
-    levels = {(s["concurrency"], s["repeats"], s.get("load", {}).get("mode", "closed")) for s in specs.values()}
+    levels = {
+        (
+            s["concurrency"],
+            s["repeats"],
+            s.get("load", {}).get("mode", "closed"),
+            int(s.get("pairing", {}).get("instances") or 1),
+        )
+        for s in specs.values()
+    }
     if len(levels) != 1:
-        raise CellError(f"the arms of an interleaved level differ in concurrency, repeats or load: {sorted(levels)}")
-    concurrency, repeats, mode = levels.pop()
+        raise CellError(
+            "the arms of an interleaved level differ in concurrency, repeats, load or server instances: "
+            f"{sorted(levels)}"
+        )
+    concurrency, repeats, mode, instances = levels.pop()
     if mode != "closed":
         raise CellError(
             f"interleaved arms measure closed-loop levels only (load.mode is {mode}); set pairing.mode: sequential"
         )
-    return int(concurrency), int(repeats)
+    return int(concurrency), int(repeats), instances
+
+
+def instance_cells(cells: dict[str, PreparedCell], instances: int) -> dict[str, PreparedCell]:
+    """Slot -> the cell whose server that slot runs: each arm's cell with the instance's identity in its server's
+    environment (`with_instance`) where there is more than one instance; the cell spec stays the arm's."""
+    if instances == 1:
+        return dict(cells)
+    out = {}
+    for arm, cell in cells.items():
+        for k in range(1, instances + 1):
+            out[slot_of(arm, k, instances)] = replace(
+                cell, arm=with_instance(cell.arm, arm, k), label=f"{cell.label}.i{k}"
+            )
+    return out
 
 
 async def _measure_blocks(
-    cells: dict[str, PreparedCell], recs: dict[str, servers.ServerRecord], order: list[list[str]], concurrency: int
+    cells: dict[str, PreparedCell],
+    recs: dict[str, servers.ServerRecord],
+    order: list[list[str]],
+    on_instance: list[int],
+    concurrency: int,
 ) -> tuple[dict[str, LevelResult], dict[str, LevelInputs], dict[str, Any], list[dict[str, Any]], dict[str, float]]:
     arms = list(cells)
+    instances = max(on_instance)
     inputs: dict[str, LevelInputs] = {}
     infos: dict[str, Any] = {}
     for arm, cell in cells.items():  # every server runs here: prompts may be tokenized by the server
-        url = recs[arm].base_url
+        first = recs[slot_of(arm, 1, instances)]
+        url = first.base_url
         inputs[arm] = await level_inputs(
             cell.spec,
-            cell.make_spec(recs[arm].port),
+            cell.make_spec(first.port),
             url,
             cell.api_key,
             cell.tokenizer_path,
@@ -87,18 +140,20 @@ async def _measure_blocks(
     level_s = dict.fromkeys(arms, 0.0)
     blocks: list[dict[str, Any]] = []
     for r, round_arms in enumerate(order):
+        k = on_instance[r]
         for arm in round_arms:
-            for other in arms:
-                if other != arm:
-                    servers.freeze(recs[other])
-            servers.thaw(recs[arm])
+            measured = slot_of(arm, k, instances)
+            for slot, rec in recs.items():
+                if slot != measured:
+                    servers.freeze(rec)
+            servers.thaw(recs[measured])
             cell, inp = cells[arm], inputs[arm]
             workload = cell.spec["workload"]
             one = LevelPrompts(inp.prompts.warmup, [inp.prompts.repeats[r]], inp.prompts.unique)
             start_unix, started = time.time(), time.monotonic()
             async with new_session(concurrency) as session:
                 level = await measure_level(
-                    inp.req,
+                    replace(inp.req, url=recs[measured].base_url),  # the round's instance
                     concurrency,
                     inp.n_requests,
                     one,
@@ -110,7 +165,7 @@ async def _measure_blocks(
                     stagger=workload["stagger"],
                     duration_s=workload["requests"].get("duration_s"),
                     hooks=cell.engine,
-                    server_pid=recs[arm].server_pid,
+                    server_pid=recs[measured].server_pid,
                     watch_cpus=cell.plan.watched,
                     idle_probe_s=cell.spec["client"]["idle_probe_s"],
                     session=session,
@@ -120,7 +175,8 @@ async def _measure_blocks(
             repeats[arm].append(rep)
             warmup_errors[arm] += level.warmup_errors
             level_s[arm] += time.monotonic() - started
-            blocks.append({"arm": arm, "repeat": r, "start_unix": start_unix, "end_unix": time.time()})
+            block = {"arm": arm, "repeat": r, "start_unix": start_unix, "end_unix": time.time()}
+            blocks.append({**block, "instance": k} if instances > 1 else block)
     for rec in recs.values():
         servers.thaw(rec)
     results = {
@@ -137,19 +193,28 @@ async def _measure_blocks(
 
 
 def _measure_once(
-    cells: dict[str, PreparedCell], state_dir: Path, server_log_dir: Path, rounds: int, concurrency: int
+    cells: dict[str, PreparedCell],
+    state_dir: Path,
+    server_log_dir: Path,
+    rounds: int,
+    instances: int,
+    concurrency: int,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """One attempt at the level: every arm's records and summary (unwritten)."""
     first = next(iter(cells.values()))
     order = block_order(list(cells), rounds)
-    labels = {arm: c.label for arm, c in cells.items()}
-    logs = {arm: server_log_dir / f"{c.spec['variant_name']}.{arm}.log" for arm, c in cells.items()}
-    makers = {arm: c.make_spec for arm, c in cells.items()}
+    on_instance = round_instances(rounds, instances)
+    slots = instance_cells(cells, instances)
+    labels = {slot: c.label for slot, c in slots.items()}
+    logs = {slot: server_log_dir / f"{c.spec['variant_name']}.{slot}.log" for slot, c in slots.items()}
+    makers = {slot: c.make_spec for slot, c in slots.items()}
     t_ask = time.monotonic()
     with servers.acquire_group(state_dir, makers, first.host, first.variant.get("port"), labels, logs) as recs:
         ready_s = time.monotonic() - t_ask
         with pinned(first.plan.client):
-            results, inputs, infos, blocks, level_s = asyncio.run(_measure_blocks(cells, recs, order, concurrency))
+            results, inputs, infos, blocks, level_s = asyncio.run(
+                _measure_blocks(cells, recs, order, on_instance, concurrency)
+            )
     pairing = {
         "mode": "interleaved",
         "id": uuid.uuid4().hex[:12],  # the arms' cells of one level job carry the same id: they pair
@@ -159,12 +224,25 @@ def _measure_once(
         "blocks": blocks,
         "idle_servers": "frozen",
     }
+    if instances > 1:
+        pairing["instances"] = instances
     records, summaries = {}, {}
     for arm, cell in cells.items():
         summary = level_summary_of(cell.spec, results[arm], inputs[arm], cell.plan, infos[arm], cell.dataset, 0.0)
         summary["level_s"] = level_s[arm]
         summary["pairing"] = pairing
-        summaries[arm] = finish_summary(cell, summary, cell.make_spec(recs[arm].port), recs[arm], ready_s)
+        first_slot = slot_of(arm, 1, instances)
+        rec = recs[first_slot]
+        summaries[arm] = finish_summary(cell, summary, slots[first_slot].make_spec(rec.port), rec, ready_s)
+        if instances > 1:
+            summaries[arm]["server"]["instances"] = [
+                {
+                    "instance": k,
+                    "identity": recs[slot_of(arm, k, instances)].identity,
+                    "pid": recs[slot_of(arm, k, instances)].server_pid,
+                }
+                for k in range(1, instances + 1)
+            ]
         records[arm] = results[arm].records
     return records, summaries
 
@@ -184,7 +262,7 @@ def run_level(
     causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
     whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
     attempt counts and why the others did not."""
-    concurrency, rounds = check_specs(specs)
+    concurrency, rounds, instances = check_specs(specs)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
     gates, attempts = heal.judge_settings()
     judging = gates or defaults("gates")
@@ -193,7 +271,7 @@ def run_level(
     Level = tuple[dict[str, Any], dict[str, dict[str, Any]]]
 
     def measure_once(n: int) -> Level:
-        return _measure_once(cells, state_dir, server_log_dir, rounds, concurrency)
+        return _measure_once(cells, state_dir, server_log_dir, rounds, instances, concurrency)
 
     def judge(level: Level) -> dict[str, Any]:
         """The level's verdict: every arm's reasons, named by arm (valid only if every cell is)."""

@@ -17,6 +17,9 @@ class CellPairing(Record):
     mode: Literal["sequential", "interleaved"] = Field(description="sequential or interleaved")
     arms: list[str] | None = Field(None, description="interleaved fixed arms: the level's arms")
     reference: Any = Field(None, description="interleaved policy cell: the fixed arm it pairs with (null: none)")
+    instances: int | None = Field(
+        None, ge=2, description="interleaved: server instances per arm, all up at once, the rounds going through them"
+    )
 
 
 class CellLoad(Record):

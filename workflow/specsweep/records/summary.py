@@ -125,6 +125,9 @@ class ServerFacts(Record):
     pid: int | None = Field(description="its process id")
     started_at: float | None = Field(description="when it started (Unix time)")
     ready_after_s: float | None = Field(description="seconds the cell waited for it")
+    instances: list[dict[str, Any]] | None = Field(
+        None, description="an arm on several server instances (pairing.instances): each one's number, identity, pid"
+    )
 
 
 class StackRef(Record):
@@ -141,7 +144,7 @@ class Block(Record):
     repeat: int = Field(description="its round")
     start_unix: float | None = Field(None, description="when it started")
     end_unix: float | None = Field(None, description="when it ended")
-    instance: int | None = Field(None, description="segments: the arm's server instance")
+    instance: int | None = Field(None, description="pairing.instances > 1: the arm's server instance (1, 2, ...)")
 
 
 class Pairing(Record):
@@ -154,6 +157,7 @@ class Pairing(Record):
     arms: list[str] = Field(description="the arms measured together")
     reference_arm: str | None = Field(None, description="the arm the others are compared with")
     blocks: list[Block] = Field(description="each block: arm, repeat, when it ran")
+    instances: int | None = Field(None, description="server instances per arm, where more than one")
 
 
 class AttemptLog(Record):

@@ -76,6 +76,7 @@ class FaultState:
 
 DRIFT_ENV = "SPECSWEEP_SIM_DRIFT_FILE"
 DRIFT_RECHECK_S = 0.05  # how often a server looks at the drift file again (a stat call)
+INSTANCE_ENV = "SPECSWEEP_ARM_INSTANCE"  # the server instance's own identity (specsweep.config.AA_INSTANCE_ENV)
 
 
 class HostDrift:
@@ -84,18 +85,23 @@ class HostDrift:
     The file (named by $SPECSWEEP_SIM_DRIFT_FILE, read again when it changes) holds
     `{"factor": 1.3, "start_unix": T0, "end_unix": T1}`: between those wall-clock times every step takes `factor`
     times as long. It stands for what a real host does between measurements (another tenant, a frequency or
-    vCPU speed switch), so tests can show what such drift does to each measuring design.
+    vCPU speed switch), so tests can show what such drift does to each measuring design. An optional
+    `"instances": {"<identity>": 1.25}` slows a server instance throughout, by the identity in its
+    $SPECSWEEP_ARM_INSTANCE (an A/A arm's name, or `<arm>.i<k>` with pairing.instances): the instance effect
+    a real engine shows (a vLLM CPU A/A pair read 12-15% apart, one instance each).
     """
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, instance: str | None = None) -> None:
         self.path = path
+        self.instance = instance
         self._checked = -1.0
         self._mtime: float | None = None
         self._window: tuple[float, float, float] | None = None
+        self._own = 1.0  # this instance's factor, at all times
 
     @classmethod
     def from_env(cls) -> HostDrift:
-        return cls(os.environ.get(DRIFT_ENV) or None)
+        return cls(os.environ.get(DRIFT_ENV) or None, os.environ.get(INSTANCE_ENV) or None)
 
     def _reload(self, now_mono: float) -> None:
         self._checked = now_mono
@@ -105,13 +111,15 @@ class HostDrift:
             mtime = None
         if mtime == self._mtime:
             return
-        self._mtime, self._window = mtime, None
+        self._mtime, self._window, self._own = mtime, None, 1.0
         if mtime is None or self.path is None:
             return
         try:
             d = json.loads(open(self.path).read())
-            self._window = (float(d["factor"]), float(d["start_unix"]), float(d["end_unix"]))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            if "factor" in d:
+                self._window = (float(d["factor"]), float(d["start_unix"]), float(d["end_unix"]))
+            self._own = float((d.get("instances") or {}).get(self.instance or "", 1.0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"drift file {self.path} unreadable ({e}); no drift applied", file=sys.stderr)
 
     def factor(self) -> float:
@@ -122,12 +130,15 @@ class HostDrift:
         if now_mono - self._checked >= DRIFT_RECHECK_S:
             self._reload(now_mono)
         if self._window is None:
-            return 1.0
+            return self._own
         f, start, end = self._window
-        return f if start <= time.time() < end else 1.0
+        return self._own * (f if start <= time.time() < end else 1.0)
 
     def active(self) -> dict[str, float] | None:
-        if self._window is None:
+        if self._window is None and self._own == 1.0:
             return None
-        f, start, end = self._window
-        return {"factor": f, "start_unix": start, "end_unix": end}
+        out = {"instance_factor": self._own} if self._own != 1.0 else {}
+        if self._window is not None:
+            f, start, end = self._window
+            out.update({"factor": f, "start_unix": start, "end_unix": end})
+        return out

@@ -29,6 +29,7 @@ from specsweep.client.loadgen import warmup_count
 from specsweep.config import (
     fixed_arms,
     instances,
+    interleaved_instances,
     load_mode,
     policy_arms,
     requests_for,
@@ -179,11 +180,17 @@ def plan_sweep(
     seconds = dict.fromkeys(arms, 0.0)
     starts = dict.fromkeys(arms, 0)
     n = instances(config, variant)  # each replicated segment measures every level again, on a fresh server
+    held = interleaved_instances(config, variant)  # interleaved: each arm's instances up at once, started once
 
     def measure(levels: list[int]) -> dict[str, Any]:
+        first = not any(cells[a] for a in arms)
         for i, a in enumerate(arms):
-            starts[a] += n  # one server start per arm, instance and round (arms take turns on the GPUs)
-            seconds[a] += n * server_start_s
+            if held > 1:
+                starts[a] += held if first else 0
+                seconds[a] += held * server_start_s if first else 0.0
+            else:
+                starts[a] += n  # one server start per arm, instance and round (arms take turns on the GPUs)
+                seconds[a] += n * server_start_s
             for c in levels:
                 cells[a][float(c)], s = virtual_cell(profile, config, variant, a, c, seed * 7919 + i)
                 seconds[a] += n * s

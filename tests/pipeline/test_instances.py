@@ -53,6 +53,8 @@ CONFIG: dict[str, Any] = {
 def run(workdir: Path, instances: int, fault: Path) -> subprocess.CompletedProcess[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     config = {**CONFIG, "pairing": {"mode": "interleaved", "instances": instances}}
+    if instances > 1:  # the policy arm too: measured on two instances beside the best fixed arm's two
+        config["policy"] = {"measure": True}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     return snakemake(workdir, "crossover", env={DRIFT_ENV: str(fault)})
 
@@ -115,3 +117,20 @@ def test_every_instance_is_started_once_and_measured_in_counterbalanced_rounds(r
         assert on == [1, 2, 2, 1], on
         identities = {i["identity"] for i in summary["server"]["instances"]}
         assert len(identities) == 2
+
+
+def test_the_policy_pairs_with_the_best_arm_on_its_instances(runs: dict[int, Path]) -> None:
+    """The policy level measures the policy's two instances beside the best fixed arm's two (reused from the
+    fixed levels, not started again); where it serves that arm's K the pair is an A/A one and the proof holds."""
+    res = runs[2] / "results" / "instances"
+    x = crossover(runs[2])
+    proof = x["policy_proof"]["eagle3"]
+    assert proof["holds"] is True, proof
+    for c in LEVELS:
+        summary = json.loads((res / "sim" / "eagle3-policy" / f"c{c}" / "summary.json").read_text())
+        assert summary["pairing"]["instances"] == 2
+        assert {b["arm"] for b in summary["pairing"]["blocks"]} == {"eagle3", "eagle3-policy"}
+    log = (res / ".servers" / "servers.log").read_text().splitlines()
+    started = [e.split("label=")[1].split()[0] for e in log if " start " in e]
+    assert sorted(started).count("sim/eagle3.i1") == 1, started  # the reference's instances were reused
+    assert {"sim/eagle3-policy.i1", "sim/eagle3-policy.i2"} <= set(started)

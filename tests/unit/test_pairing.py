@@ -264,6 +264,24 @@ def test_drift_gate_judges_or_says_why_not() -> None:
     assert not transient_only(["[eagle3] repeat 0: 2 of 8 requests failed"]) and not transient_only([])
 
 
+def test_drift_is_judged_on_one_server_instance() -> None:
+    """With two instances (rounds on 1, 2, 2, 1) the arm's first and last blocks on instance 1 are compared: the
+    slower instance 2 is an instance effect (the paired interval's business), not drift."""
+    gates = {"max_block_drift": 0.2}
+    on = round_instances(4, 2)
+    summary = {
+        "pairing": {"mode": "interleaved", "blocks": [{"arm": "a", "repeat": r, "instance": on[r]} for r in range(4)]},
+        "repeats": [{"repeat": r, "metrics": {"output_tok_s_steady": 100.0 if on[r] == 1 else 60.0}} for r in range(4)],
+    }
+    assert block_drift_gate(summary, gates) == (None, None)
+    summary["repeats"][3]["metrics"]["output_tok_s_steady"] = 70.0  # instance 1 itself slowed
+    reason, _ = block_drift_gate(summary, gates)
+    assert reason is not None and "-30%" in reason
+    two = {**summary, "repeats": summary["repeats"][:2]}  # one block per instance: nothing to judge drift by
+    reason, flag = block_drift_gate(two, gates)
+    assert reason is None and flag is not None and "no two blocks on one server instance" in flag
+
+
 def test_a_drift_the_next_attempt_met_again_is_a_flag_not_a_reason() -> None:
     """The level job stops after two drifting attempts (`heal.drift_persists`) and keeps the second; read back,
     its drift is a flag: the rounds' spread carries it into the paired interval."""

@@ -164,13 +164,19 @@ def _open_loop_validity(
 
 
 def block_drift(measured_summary: Mapping[str, Any]) -> float | None:
-    """An interleaved cell's steady throughput in its last block over its first, minus 1 (None: not an
-    interleaved cell with two blocks, or a block without the figure)."""
+    """An interleaved cell's steady throughput in its last block over its first, minus 1, both on the first
+    block's server instance (pairing.instances: another instance's own speed is no drift). None: not an
+    interleaved cell with two blocks on one instance, or a block without the figure."""
     pairing = measured_summary.get("pairing") or {}
     reps = measured_summary["repeats"]
     if pairing.get("mode") != "interleaved" or len(reps) < 2:
         return None
-    first, last = (min(reps, key=lambda r: int(r["repeat"])), max(reps, key=lambda r: int(r["repeat"])))
+    on = {int(b["repeat"]): b.get("instance") for b in pairing.get("blocks") or []}
+    first = min(reps, key=lambda r: int(r["repeat"]))
+    same = [r for r in reps if on.get(int(r["repeat"])) == on.get(int(first["repeat"]))]
+    last = max(same, key=lambda r: int(r["repeat"]))
+    if last is first:
+        return None
     a, b = first["metrics"].get("output_tok_s_steady"), last["metrics"].get("output_tok_s_steady")
     if not a or b is None:
         return None
@@ -187,7 +193,10 @@ def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, An
         return None, None
     drift = block_drift(measured_summary)
     if drift is None:
-        return None, "block drift not judged: a block's steady throughput is missing"
+        return (
+            None,
+            "block drift not judged: no two blocks on one server instance, or a block's steady throughput is missing",
+        )
     if abs(drift) <= gates["max_block_drift"]:
         return None, None
     said = (

@@ -59,6 +59,7 @@ class PlannedSweep:
     schedules: dict[str, Any] = field(default_factory=dict)  # per family: the derived schedule (None: none)
     proof: dict[str, Any] = field(default_factory=dict)  # per family: the policy arm against the best fixed arm
     instances: int = 1  # server instances per fixed arm (pairing.instances of a sequential variant)
+    held_instances: int = 1  # server instances per arm held at once (pairing.instances of an interleaved variant)
     replicated_arms: list[str] = field(default_factory=list)  # the arms whose cost is instances x
 
     @property
@@ -86,6 +87,7 @@ class PlannedSweep:
             "server_starts": self.server_starts,
             "total_s": self.total_s,
             "instances": self.instances,
+            "held_instances": self.held_instances,
             "total_s_one_instance": self.one_instance_s(),
             "rounds": self.rounds,
             "schedules": self.schedules,
@@ -217,7 +219,7 @@ def plan_sweep(
         for i, (a, arm) in enumerate(served.items()):
             if not arm["schedule"]:
                 continue
-            cells[a], seconds[a], starts[a] = {}, server_start_s, 1
+            cells[a], seconds[a], starts[a] = {}, held * server_start_s, held
             for c in levels:
                 cells[a][float(c)], s = virtual_cell(profile, policy_config, variant, a, c, seed * 7919 + 101 + i)
                 seconds[a] += s
@@ -233,6 +235,7 @@ def plan_sweep(
         schedules={f: e.get("schedule") for f, e in schedules["families"].items()},
         proof=proof,
         instances=n,
+        held_instances=held,
         replicated_arms=list(arms),
     )
 
@@ -265,6 +268,11 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
             lines.append(
                 f"          replication: {p.instances} server instances per fixed arm (pairing.instances): "
                 f"{p.total_s / 60:.1f} min; with one instance {p.one_instance_s() / 60:.1f} min"
+            )
+        if p.held_instances > 1:
+            lines.append(
+                f"          instances: {p.held_instances} server instances per arm, up at once (pairing.instances, "
+                "interleaved): that many server starts and servers' memory, the same measuring time"
             )
         for a in spec_arms:
             lines.append(f"          {a}: crossover {_interval(p, a)}")

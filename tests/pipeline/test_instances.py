@@ -107,7 +107,7 @@ def test_every_instance_is_started_once_and_measured_in_counterbalanced_rounds(r
     res = runs[2] / "results" / "instances"
     log = (res / ".servers" / "servers.log").read_text().splitlines()
     started = sorted(e.split("label=")[1].split()[0] for e in log if " start " in e)
-    arms = ("baseline", "baseline-aa", "eagle3")
+    arms = ("baseline", "baseline-aa", "eagle3", "eagle3-policy")  # the policy's level too (its own test)
     assert started == sorted(f"sim/{a}.i{k}" for a in arms for k in (1, 2)), started
     for c in LEVELS:
         summary = json.loads((res / "sim" / "baseline-aa" / f"c{c}" / "summary.json").read_text())

@@ -168,9 +168,13 @@ def cell_dir(run_dir: Path, arm: str, c: int) -> Path:
     return run_dir / "results" / EXP / VARIANT / arm / f"c{c}"
 
 
+# the example's gates over the defaults, as its analysis judges its cells (it sets max_block_drift)
+EXAMPLE_GATES = {**defaults("gates"), **(yaml.safe_load(EXAMPLE.read_text()).get("gates") or {})}
+
+
 def summary(run_dir: Path, arm: str, c: int) -> dict:
-    """The cell judged by the default gates, as the example's analysis judges it (it sets none of its own)."""
-    return read_judged(cell_dir(run_dir, arm, c), defaults("gates"))[0]
+    """The cell judged by the example's gates, as the example's analysis judges it."""
+    return read_judged(cell_dir(run_dir, arm, c), EXAMPLE_GATES)[0]
 
 
 def test_every_request_ok_with_requested_length(run_dir: Path) -> None:
@@ -389,7 +393,7 @@ def test_client_on_the_engines_core_is_thrown_out(tmp_path_factory: pytest.TempP
         cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", target, "--configfile", "config.yaml"]
         rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
         assert rc == 0, out[-5000:]
-        s = read_judged((workdir / target).parent, defaults("gates"))[0]
+        s = read_judged((workdir / target).parent, EXAMPLE_GATES)[0]
         assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
         assert not s["validity"]["valid"]
         assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]

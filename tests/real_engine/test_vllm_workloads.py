@@ -22,10 +22,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from specsweep.config import defaults
 from specsweep.measure.summary import read_judged
 from tests.conftest import REPO, SNAKEMAKE
-from tests.real_engine.test_vllm_cpu import DAG_TIMEOUT_S, ENVS_DIR, EXAMPLE, run_snakemake, stop_everything
+from tests.real_engine.test_vllm_cpu import (
+    DAG_TIMEOUT_S,
+    ENVS_DIR,
+    EXAMPLE,
+    EXAMPLE_GATES,
+    run_snakemake,
+    stop_everything,
+)
 
 pytestmark = pytest.mark.real_engine
 
@@ -101,7 +107,7 @@ def cells(variant_dir: Path, prefix: str, levels: tuple[int, ...]) -> list[tuple
     out = []
     for arm in ARMS:
         for c in levels:
-            s, df = read_judged(variant_dir / arm / f"{prefix}{c}", defaults("gates"))
+            s, df = read_judged(variant_dir / arm / f"{prefix}{c}", EXAMPLE_GATES)
             out.append((arm, c, s, df))
     return out
 
@@ -125,7 +131,7 @@ def accept_lengths(variant_dir: Path, prefix: str, levels: tuple[int, ...]) -> d
     """Per level, the ngram arm's accept length of each repeat (vLLM's counter deltas around the repeat)."""
     out = {}
     for c in levels:
-        s = read_judged(variant_dir / "ngram" / f"{prefix}{c}", defaults("gates"))[0]
+        s = read_judged(variant_dir / "ngram" / f"{prefix}{c}", EXAMPLE_GATES)[0]
         reps = [r["metrics"]["counter_deltas"] for r in s["repeats"]]
         out[c] = [1 + d["num_accepted_tokens"] / d["num_drafts"] for d in reps]
     return out

@@ -56,11 +56,20 @@ def run_once(config: Path, envs_dir: Path, keep: bool) -> tuple[Path, float]:
     return res, wall
 
 
+def gates_of(res: Path) -> dict[str, Any]:
+    """The gates the experiment's analysis judged with: its config's (beside `results/`, where snakemake ran)
+    over the defaults; the defaults where no config is there (a results folder copied elsewhere)."""
+    config = res.parents[1] / "config.yaml"
+    given = (yaml.safe_load(config.read_text()) or {}).get("gates") if config.is_file() else None
+    return {**defaults("gates"), **(given or {})}
+
+
 def cell_lines(res: Path) -> list[str]:
     """Per cell: validity, prefix-cache hit rate, the client's worst CPU shares and the other processes'."""
     out = []
+    gates = gates_of(res)
     for p in sorted(res.glob("*/*/c*/summary.json"), key=lambda p: (p.parts[-3], int(p.parent.name[1:]))):
-        s = read_judged(p.parent, defaults("gates"))[0]  # the examples keep the default gates
+        s = read_judged(p.parent, gates)[0]
         m = s["metrics"]
         c, cache = m.get("client") or {}, m.get("prefix_cache") or {}
         hit = cache.get("hit_rate")
@@ -115,7 +124,7 @@ def describe(res: Path) -> list[dict[str, Any]]:
                 }
             )
     summaries = list(res.glob("*/*/c*/summary.json"))
-    valid = sum(read_judged(p.parent, defaults("gates"))[0]["validity"]["valid"] for p in summaries)
+    valid = sum(read_judged(p.parent, gates_of(res))[0]["validity"]["valid"] for p in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
     print("\n".join(cell_lines(res)))
     for r in rows:

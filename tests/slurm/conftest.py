@@ -88,11 +88,14 @@ def snakemake_cmd(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> 
         # catches it: "machine busy"). On a real cluster the submitting host is not a compute node.
         "--jobs",
         "1",
-        # the test cluster answers at once: poll it every few seconds rather than the plugin's 40 s
+        # The test cluster answers at once: poll it every few seconds rather than the plugin's 40 s. The plugin
+        # adds 10 s to the wait after each check that finds its job still running (2.8.0), so checks come at
+        # I, 2I + 10, 3I + 30 s after a submission: with I = 2 the tier's group jobs (16-18 s in sacct) were seen
+        # done at ~36 s and the 1-2 s preflight and env jobs at ~14 s; with I = 8, at 26 and 8.
         "--slurm-init-seconds-before-status-checks",
-        "2",
+        "8",
         "--seconds-between-status-checks",
-        "3",
+        "8",
         *extra,
         *targets,
     ]

@@ -345,3 +345,57 @@ def test_a_policy_reference_goes_beside_the_policy_cell(tmp_path: Path) -> None:
         "eagle3": tmp_path / "eagle3-policy" / "c4" / "reference",
         "eagle3-policy": tmp_path / "eagle3-policy" / "c4",
     }
+
+
+def _canned_rows(table: dict[str, dict[float, tuple[float, float, float]]]) -> Any:
+    """An `analyze_arm` stand-in: per (reference, arm), per level, (ratio, lo, hi)."""
+
+    def fake(cells: Any, ref: str, arm: str, settings: Any, cache: Any = None) -> dict[str, Any]:
+        rows = [
+            {"concurrency": c, "speedup": r, "speedup_lo": lo, "speedup_hi": hi, "used": True}
+            for c, (r, lo, hi) in sorted(table[arm].items())
+        ]
+        return {"per_level": rows, "verdict": {"kind": "wins_everywhere", "notes": []}, "source": "real"}
+
+    return fake
+
+
+def test_the_aa_band_is_each_levels_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One level's wide A/A interval (two instances that disagree: a t with one degree of freedom) widens that
+    level's indifference zone only. The figures are a vLLM CPU A/A run's (ratio, 95% interval); with one band for
+    all levels every ngram level read "within the noise", C=1 and 4 included."""
+    from specsweep.analysis import analyze as an
+
+    table = {
+        "baseline-aa": {
+            1: (1.26, 0.936, 1.66),
+            4: (1.0, 0.688, 1.49),
+            16: (1.12, 0.144, 7.52),
+            64: (1.12, 0.879, 1.36),
+        },
+        "ngram": {1: (1.82, 1.29, 2.56), 4: (1.72, 1.22, 2.2), 16: (1.66, 0.0862, 22), 64: (1.32, 1.0, 1.7)},
+    }
+    monkeypatch.setattr(an, "analyze_arm", _canned_rows(table))
+    settings = an.AnalysisSettings()
+    out = an.analyze_variant({}, "baseline", ["ngram"], settings, aa_arms={"baseline-aa": "baseline"})
+    bands = {b["concurrency"]: (b["lo"], b["hi"]) for b in out["noise_floor"]["bands"]}
+    assert bands[16] == pytest.approx((1 / 7.52, 7.52), rel=1e-6)
+    assert bands[1] == pytest.approx((1 / 1.66, 1.66), rel=1e-6)  # the farther end from 1, both ways
+    assert out["noise_floor"]["band"]["hi"] == pytest.approx(7.52)  # the widest, for the summary line
+    within = {r["concurrency"]: r["within_noise"] for r in out["arms"]["ngram"]["per_level"]}
+    assert within == {1: False, 4: False, 16: True, 64: True}  # 1.32 at C=64 inside [0.735, 1.36]
+    assert settings.noise_band_at(16) == pytest.approx((1 / 7.52, 7.52)) and settings.noise_band_at(2) is None
+    notes = out["arms"]["ngram"]["verdict"]["notes"]
+    assert any(n.startswith("C=16 [0.133, 7.52], 64 [0.735, 1.36]: within the noise") for n in notes), notes
+
+
+def test_a_level_without_an_aa_comparison_has_no_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No other level's band stands in for a level the A/A did not judge: the note says its noise is not known."""
+    from specsweep.analysis import analyze as an
+
+    table = {"baseline-aa": {1: (1.0, 0.9, 1.1)}, "ngram": {1: (1.05, 0.95, 1.2), 4: (1.05, 0.97, 1.15)}}
+    monkeypatch.setattr(an, "analyze_arm", _canned_rows(table))
+    out = an.analyze_variant({}, "baseline", ["ngram"], an.AnalysisSettings(), aa_arms={"baseline-aa": "baseline"})
+    within = {r["concurrency"]: r["within_noise"] for r in out["arms"]["ngram"]["per_level"]}
+    assert within == {1: True, 4: None}
+    assert any(n.startswith("C=4: no A/A band") for n in out["arms"]["ngram"]["verdict"]["notes"])

@@ -78,9 +78,14 @@ class AnalysisSettings:
     load: str = "closed"  # closed, open or trace: the unit of the levels
     gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
     slo_ms: dict[str, float] = field(default_factory=dict)  # the config's `slo:` as given (ms), for judging cells
-    # the A/A band (lo, hi) of the primary metric's ratio: the indifference zone of verdicts, schedules and
-    # proofs when the config has an A/A arm (`noise_floor`); None: no A/A arm measured
-    noise_band: tuple[float, float] | None = None
+    # the A/A band (lo, hi) of the primary metric's ratio per level: the indifference zone of verdicts, schedules
+    # and proofs at that level when the config has an A/A arm (`noise_floor`); empty: no A/A arm measured
+    noise_bands: dict[float, tuple[float, float]] = field(default_factory=dict)
+
+    def noise_band_at(self, level: float) -> tuple[float, float] | None:
+        """The A/A band measured at `level`; None where no A/A comparison judged it (no other level's stands in:
+        the noise differs between levels, e.g. one instance effect at one level)."""
+        return self.noise_bands.get(float(level))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AnalysisSettings:
@@ -722,25 +727,36 @@ def analyze_variant(
     aa_arms: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every speculative arm of a variant against its baseline arm: the body of crossover.json. With A/A arms
-    (arm -> the arm it repeats), their noise floor first: its band is set on `settings.noise_band`, and every
-    level whose speedup lies inside it reads "within the noise"."""
+    (arm -> the arm it repeats), their noise floor first: its bands per level are set on `settings.noise_bands`,
+    and every level whose speedup lies inside its level's band reads "within the noise"."""
     cache: dict[str, CellBootstrap] = {}
     noise = noise_floor(cells, aa_arms or {}, settings, cache)
-    settings.noise_band = (noise["band"]["lo"], noise["band"]["hi"]) if noise and noise["band"] else None
+    settings.noise_bands = {float(b["concurrency"]): (b["lo"], b["hi"]) for b in (noise or {}).get("bands", [])}
     arms = {a: analyze_arm(cells, baseline_arm, a, settings, cache) for a in spec_arms}
-    if settings.noise_band is not None:
-        lo, hi = settings.noise_band
+    if noise is not None:
         for ar in arms.values():
-            inside = []
+            inside, unjudged = [], []
             for row in ar["per_level"]:
-                sp = row.get("speedup")
-                row["within_noise"] = None if sp is None or not row["used"] else bool(lo <= sp <= hi)
-                if row["within_noise"]:
-                    inside.append(row["concurrency"])
+                sp, band = row.get("speedup"), settings.noise_band_at(row["concurrency"])
+                if sp is None or not row["used"]:
+                    row["within_noise"] = None
+                elif band is None:
+                    row["within_noise"] = None
+                    unjudged.append(row["concurrency"])
+                else:
+                    row["within_noise"] = bool(band[0] <= sp <= band[1])
+                    if row["within_noise"]:
+                        inside.append(f"{row['concurrency']:g} [{band[0]:.3g}, {band[1]:.3g}]")
+            sym = LEVEL_SYMBOL[settings.load]
             if inside:
                 ar["verdict"]["notes"].append(
-                    f"{LEVEL_SYMBOL[settings.load]}={levels_text(inside)}: within the noise (inside the A/A band "
-                    f"[{lo:.3g}, {hi:.3g}]): no better or worse than the baseline as far as this set-up can tell"
+                    f"{sym}={', '.join(inside)}: within the noise (inside that level's A/A band): no better or "
+                    "worse than the baseline as far as this set-up can tell"
+                )
+            if unjudged:
+                ar["verdict"]["notes"].append(
+                    f"{sym}={levels_text(unjudged)}: no A/A band (the A/A comparison did not judge the level): "
+                    "the noise there is not known"
                 )
     if settings.load != "closed":  # the answer in the unit the policy acts on (analysis/running.py)
         for a, ar in arms.items():
@@ -786,11 +802,17 @@ def noise_floor(
     cache: dict[str, CellBootstrap],
 ) -> dict[str, Any] | None:
     """The A/A comparisons: each A/A arm against the arm it repeats, per level (ratio and interval), the share
-    of levels whose interval excludes 1 (a verdict that says "different" where nothing differs), and the band:
-    the furthest either end of an A/A interval strayed from 1, made symmetric on the log scale."""
+    of levels whose interval excludes 1 (a verdict that says "different" where nothing differs), and the bands:
+    per level, the furthest either end of an A/A interval there strayed from 1, made symmetric on the log scale
+    (with several A/A arms, the widest at that level); `band` is the widest of them, for the summary line.
+
+    Why per level: an A/A level interval can be wide for a reason of its level alone (two server instances that
+    disagree give a t with one degree of freedom: [0.14, 7.5] at C=16 in one vLLM CPU run whose other levels
+    read [0.94, 1.66], [0.69, 1.49], [0.88, 1.36]); one band for all levels made every level "within the noise"."""
     if not aa_arms:
         return None
     comparisons, logs, judged, excluding = {}, [], 0, 0
+    per_level: dict[float, float] = {}
     for aa, twin in aa_arms.items():
         res = analyze_arm(cells, twin, aa, settings, cache)
         rows = []
@@ -801,7 +823,10 @@ def noise_floor(
                 judged += 1
                 row["excludes_one"] = bool(lo > 1.0 or hi < 1.0)
                 excluding += row["excludes_one"]
-                logs += [abs(math.log(lo)), abs(math.log(hi))]
+                half_c = max(abs(math.log(lo)), abs(math.log(hi)))
+                logs.append(half_c)
+                c = float(r["concurrency"])
+                per_level[c] = max(per_level.get(c, 0.0), half_c)
             else:
                 row["excludes_one"] = None
             rows.append(row)
@@ -814,4 +839,5 @@ def noise_floor(
         "levels_excluding_one": excluding,
         "false_verdict_share": excluding / judged if judged else None,
         "band": {"lo": math.exp(-half), "hi": math.exp(half)} if half is not None else None,
+        "bands": [{"concurrency": c, "lo": math.exp(-h), "hi": math.exp(h)} for c, h in sorted(per_level.items())],
     }

@@ -83,8 +83,8 @@ def _arm_proof(
         if not r["used"] or lo is None or hi is None:
             status = "not judged"
             unjudged.append(c)
-        elif hi < 1.0 and settings.noise_band is not None and r["speedup"] >= settings.noise_band[0]:
-            status = "holds"  # below 1, but inside the A/A band: as far from 1 as two copies of one arm get
+        elif hi < 1.0 and (band := settings.noise_band_at(c)) is not None and r["speedup"] >= band[0]:
+            status = "holds"  # below 1, but inside the level's A/A band: as far from 1 as two copies of one arm get
         elif hi < 1.0:
             status = "fails"
             failing.append(c)

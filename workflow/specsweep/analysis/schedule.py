@@ -111,7 +111,7 @@ def level_choices(
             else:
                 r = rows(best["arm"], cand["arm"]).get(c) or {}
                 cand.update(ratio=r.get("speedup"), ratio_lo=r.get("speedup_lo"), ratio_hi=r.get("speedup_hi"))
-            band = settings.noise_band  # the A/A band, where measured: a ratio inside it is no loss either
+            band = settings.noise_band_at(c)  # the level's A/A band, where measured: a ratio inside it is no loss
             cand["within_noise"] = (cand["ratio_hi"] is not None and cand["ratio_hi"] >= 1.0) or (
                 band is not None and cand["ratio"] is not None and cand["ratio"] >= band[0]
             )

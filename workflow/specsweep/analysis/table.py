@@ -191,11 +191,12 @@ def _noise_lines(result: dict[str, Any], conf: int) -> list[str]:
             for r in comp["per_level"]
         )
         lines.append(f"A/A {aa} vs {comp['of']} ({conf}% CI) at C = {cells}")
-    share, band = noise["false_verdict_share"], noise["band"]
+    share, bands = noise["false_verdict_share"], noise.get("bands") or []
+    per_level = ", ".join(f"{_fmt(b['concurrency'])}: [{_fmt(b['lo'])}, {_fmt(b['hi'])}]" for b in bands)
     lines.append(
         f"A/A: {noise['levels_excluding_one']} of {noise['levels_judged']} level intervals exclude 1"
         + (f" (false-verdict share {share:.0%})" if share is not None else "")
-        + (f"; noise band [{_fmt(band['lo'])}, {_fmt(band['hi'])}]: the indifference zone" if band else "")
+        + (f"; noise bands, each level's indifference zone: {per_level}" if bands else "")
     )
     return lines
 

@@ -115,7 +115,7 @@ class Crossover(Record):
     policy_rule: str = Field(description="how a threshold is drawn from the interval (analysis.policy_rule)")
     schedules: dict[str, Schedule] = Field(default_factory=dict, description="per family with draft-length sub-arms")
     policy_proof: dict[str, Proof] = Field(default_factory=dict, description="per family with a policy arm")
-    noise_floor: dict[str, Any] | None = Field(None, description="the A/A band, where the config has A/A arms")
+    noise_floor: dict[str, Any] | None = Field(None, description="A/A comparisons, band per level")
     plots: list[str] = Field(default_factory=list, description="plot files, relative to the variant's folder")
 
 

@@ -12,10 +12,12 @@ the level it falls into sees its reference arm drift between its first and last 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import threading
 import time
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import pytest
@@ -118,6 +120,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+Z_APART = 4.0  # standard errors of two runs' difference: by chance once in ~16,000 levels
+
+
+def log_se(row: dict[str, Any]) -> float:
+    """The standard error of log(speedup), from its 95% interval."""
+    return (math.log(row["speedup_hi"]) - math.log(row["speedup_lo"])) / (2 * NormalDist().inv_cdf(0.975))
+
+
+def z_apart(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How many standard errors of their difference two runs' speedups at one level lie apart."""
+    return abs(math.log(a["speedup"]) - math.log(b["speedup"])) / math.hypot(log_se(a), log_se(b))
+
+
 def test_sequential_design_is_biased_by_drift(runs: dict[str, Path]) -> None:
     clean, drifted = per_level(runs["clean"]), per_level(runs["sequential"])
     for c in LEVELS:
@@ -127,12 +142,17 @@ def test_sequential_design_is_biased_by_drift(runs: dict[str, Path]) -> None:
         assert drifted[c]["speedup"] == pytest.approx(clean[c]["speedup"] / DRIFT, rel=0.12)
 
 
-def test_interleaved_design_stays_inside_the_undisturbed_interval(runs: dict[str, Path]) -> None:
+def test_interleaved_design_agrees_with_the_undisturbed_run(runs: dict[str, Path]) -> None:
+    """Within both runs' noise, not inside the clean run's interval: that asks a point that has noise of its own to
+    fall inside the other run's 95% interval, which two runs of equal noise miss 16% of the time per level
+    (1.4528 against [1.4530, 1.546] at C=1 in one CI run, 2.8% and 1.3 standard errors from the clean point;
+    the sequential design's speedups lay 10, 7.7 and 5.3 standard errors from it at C = 1, 4, 16)."""
     clean, drifted = per_level(runs["clean"]), per_level(runs["interleaved"])
     for c in LEVELS:
         assert clean[c]["used"] and drifted[c]["used"], (clean[c], drifted[c])
         assert drifted[c]["paired"] is not None
-        assert clean[c]["speedup_lo"] <= drifted[c]["speedup"] <= clean[c]["speedup_hi"], (c, drifted[c], clean[c])
+        assert z_apart(drifted[c], clean[c]) < Z_APART, (c, drifted[c], clean[c])
+        assert drifted[c]["speedup"] == pytest.approx(clean[c]["speedup"], rel=0.1), (c, drifted[c], clean[c])
 
 
 def test_interleaved_level_records_its_blocks_and_attempts(runs: dict[str, Path]) -> None:

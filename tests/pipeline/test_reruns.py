@@ -239,10 +239,11 @@ def test_changing_gates_slos_and_analysis_re_judges_without_measuring(finished: 
     assert ar["verdict"]["kind"] == "inconclusive"
     # the run ends naming the cells its gates call invalid and the one command that re-measures exactly those
     summaries = sorted(str(p.relative_to(finished)) for p in finished.glob("results/rr/*/*/c*/summary.json"))
-    assert f"{len(summaries)} cell(s) still invalid by this experiment's gates:" in text
-    command = next(line.strip() for line in text.splitlines() if line.strip().startswith("snakemake --cores 1"))
+    assert f"{len(summaries)} cell(s) still invalid by this experiment's gates:" in text, text[-6000:]
+    command = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("snakemake --cores 1")), None)
     configfile = finished / "config.yaml"  # as Snakemake holds it: absolute
-    assert command == f"snakemake --cores 1 crossover --configfile {configfile} --forcerun " + " ".join(summaries)
+    expected = f"snakemake --cores 1 crossover --configfile {configfile} --forcerun " + " ".join(summaries)
+    assert command == expected, text[-6000:]
     remeasure(finished, command, summaries, starts_before)
 
 

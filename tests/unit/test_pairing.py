@@ -381,7 +381,7 @@ def test_the_aa_band_is_each_levels_own(monkeypatch: pytest.MonkeyPatch) -> None
     bands = {b["concurrency"]: (b["lo"], b["hi"]) for b in out["noise_floor"]["bands"]}
     assert bands[16] == pytest.approx((1 / 7.52, 7.52), rel=1e-6)
     assert bands[1] == pytest.approx((1 / 1.66, 1.66), rel=1e-6)  # the farther end from 1, both ways
-    assert out["noise_floor"]["band"]["hi"] == pytest.approx(7.52)  # the widest, for the summary line
+    assert out["noise_floor"]["band"]["hi"] == pytest.approx(7.52)  # the widest: the set-up's worst level
     within = {r["concurrency"]: r["within_noise"] for r in out["arms"]["ngram"]["per_level"]}
     assert within == {1: False, 4: False, 16: True, 64: True}  # 1.32 at C=64 inside [0.735, 1.36]
     assert settings.noise_band_at(16) == pytest.approx((1 / 7.52, 7.52)) and settings.noise_band_at(2) is None

@@ -804,14 +804,14 @@ def noise_floor(
     """The A/A comparisons: each A/A arm against the arm it repeats, per level (ratio and interval), the share
     of levels whose interval excludes 1 (a verdict that says "different" where nothing differs), and the bands:
     per level, the furthest either end of an A/A interval there strayed from 1, made symmetric on the log scale
-    (with several A/A arms, the widest at that level); `band` is the widest of them, for the summary line.
+    (with several A/A arms, the widest at that level); `band` is the widest of them, the set-up's worst level.
 
     Why per level: an A/A level interval can be wide for a reason of its level alone (two server instances that
     disagree give a t with one degree of freedom: [0.14, 7.5] at C=16 in one vLLM CPU run whose other levels
     read [0.94, 1.66], [0.69, 1.49], [0.88, 1.36]); one band for all levels made every level "within the noise"."""
     if not aa_arms:
         return None
-    comparisons, logs, judged, excluding = {}, [], 0, 0
+    comparisons, judged, excluding = {}, 0, 0
     per_level: dict[float, float] = {}
     for aa, twin in aa_arms.items():
         res = analyze_arm(cells, twin, aa, settings, cache)
@@ -823,15 +823,13 @@ def noise_floor(
                 judged += 1
                 row["excludes_one"] = bool(lo > 1.0 or hi < 1.0)
                 excluding += row["excludes_one"]
-                half_c = max(abs(math.log(lo)), abs(math.log(hi)))
-                logs.append(half_c)
-                c = float(r["concurrency"])
+                c, half_c = float(r["concurrency"]), max(abs(math.log(lo)), abs(math.log(hi)))
                 per_level[c] = max(per_level.get(c, 0.0), half_c)
             else:
                 row["excludes_one"] = None
             rows.append(row)
         comparisons[aa] = {"of": twin, "per_level": rows}
-    half = max(logs) if logs else None
+    half = max(per_level.values()) if per_level else None
     return {
         "metric": settings.primary_metric,
         "comparisons": comparisons,

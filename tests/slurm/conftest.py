@@ -90,8 +90,9 @@ def snakemake_cmd(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> 
         "1",
         # The test cluster answers at once: poll it every few seconds rather than the plugin's 40 s. The plugin
         # adds 10 s to the wait after each check that finds its job still running (2.8.0), so checks come at
-        # I, 2I + 10, 3I + 30 s after a submission: with I = 2 the tier's group jobs (16-18 s in sacct) were seen
-        # done at ~36 s and the 1-2 s preflight and env jobs at ~14 s; with I = 8, at 26 and 8.
+        # I, 2I + 10, 3I + 30 s after a submission: with I = 2 the tier's group jobs (16-19 s in sacct) were seen
+        # done at ~36 s, preflight and env at ~14 s; with I = 8 the group jobs at 26 s, preflight at 8 and env
+        # (~10 s on the node) at 26: the DAG fixture 155 -> 106 s.
         "--slurm-init-seconds-before-status-checks",
         "8",
         "--seconds-between-status-checks",

@@ -1,10 +1,10 @@
 """Does what is generated change speculation's payoff? Accept length and crossover per content, on vLLM CPU.
 
-Runs the real-engine tier's two closed-loop experiments (tests/real_engine/test_vllm_workloads.py: the tiny
-local Llama, baseline vs ngram K=3, chat requests, C = 1, 4, 16, 3 repeats): the seeded synthetic words, and a
-chat-jsonl dataset of templated, self-repeating code-like text. `--runs N` repeats both from scratch (fresh
-servers, same seeds) and prints, per content and level, the ngram arm's accept length (vLLM's counters) and the
-speedup, and each run's crossover, so the spread between runs is visible.
+Runs two closed-loop experiments made by the real-engine tier's config (tests/real_engine/test_vllm_workloads.py:
+the tiny local Llama, baseline vs ngram K=3, chat requests, C = 1, 4, 3 repeats): the seeded synthetic words, and
+a chat-jsonl dataset of templated, self-repeating text (the tier runs that dataset open-loop only). `--runs N`
+repeats both from scratch (fresh servers, same seeds) and prints, per content and level, the ngram arm's accept
+length (vLLM's counters) and the speedup, and each run's crossover, so the spread between runs is visible.
 
     .venv/bin/python benchmarks/content_acceptance.py [--runs 2] [--out /tmp/content] [--smoke]
 """

@@ -9,8 +9,8 @@ with vLLM's `num_speculative_tokens_per_batch_size` as the policy arm, measures 
 the crossover and the policy regret, and logs to MLflow. Asserts the answer, not only the machinery: every cell
 valid (client given a core of its own, vLLM's tree on the other), the prefix cache hit for about none of the
 prompt tokens (vLLM's own counters), a K=3 verdict that holds what every run agrees on, accept length equal to
-vLLM's counters, outputs equal to the baseline's for every K and the policy; and that a client forced onto the
-engine's core is caught as starved.
+vLLM's counters, outputs equal to the baseline's for every K and the policy. (A client forced onto the engine's
+core is caught by the same gate on the simulated engine: tests/pipeline/test_pipeline.py.)
 
 The environment goes to $SPECSWEEP_ENVS_DIR if set, else <repo>/results/_envs (git-ignored), so local reruns
 reuse the build; CI starts without it and builds it once. `python benchmarks/repeatability.py --config
@@ -370,34 +370,3 @@ def test_servers_stopped(run_dir: Path) -> None:
     assert not left, left
     assert not [p for p in pids if psutil.pid_exists(p)]
     assert not list((run_dir / "results" / EXP / ".servers").glob("*.json"))
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin client and engine together")
-def test_client_on_the_engines_core_is_thrown_out(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Client and the whole vLLM tree forced onto one core: the cell is invalid, and its client figures say why.
-
-    Measured here (Linux 6.18): the kernel gives a light event loop the core soon after it wakes, so the client
-    itself waited ~6% of the time (loop lag p99 ~2 ms, under the starvation gate) while the engine ran on what the
-    client left: the gate on shared CPUs is what keeps such a cell out. Starvation proper (several busy threads
-    on the client's core) is caught by tests/unit/test_client_cpu.py."""
-    workdir = tmp_path_factory.mktemp("real_vllm_shared")
-    try:
-        write_config(workdir)
-        config = yaml.safe_load((workdir / "config.yaml").read_text())
-        core = str(max(os.sched_getaffinity(0)))
-        # one server (sequential): the test is about the CPU gates, not about pairing arms
-        config.update(concurrency=[16], repeats=1, client={"cpus": core}, pairing={"mode": "sequential"})
-        config["variants"][VARIANT]["cpus"] = core
-        (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        target = f"results/{EXP}/{VARIANT}/baseline/c16/summary.json"
-        cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", target, "--configfile", "config.yaml"]
-        rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
-        assert rc == 0, out[-5000:]
-        s = read_judged((workdir / target).parent, EXAMPLE_GATES)[0]
-        assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
-        assert not s["validity"]["valid"]
-        assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]
-        client = s["metrics"]["client"]
-        assert client["wait_share"] is not None and client["busy_share"] is not None  # measured either way
-    finally:
-        stop_everything(workdir)

@@ -1,16 +1,15 @@
-"""Real workloads on a real engine: vLLM's CPU build, chat requests, a dataset, an open-loop sweep.
+"""Real workloads on a real engine: vLLM's CPU build, chat requests from a dataset, an open-loop sweep.
 
-Two experiments against the tiny local Llama, plain decoding vs ngram speculation (K=3), chat requests
-(`/v1/chat/completions`: vLLM applies the model's chat template and counts the prompt):
-- `templated`: a chat-jsonl dataset the test writes (templated text that repeats itself), closed loop at C = 1, 4:
-  ngram drafts from the context, so what the context holds decides its acceptance;
-- `open`: the seeded synthetic words as long as the templated prompts, at request-rate levels (Poisson
-  arrivals), whose answer is also given in running requests.
-Asserts the answer: every cell valid and isolated, input lengths as vLLM counted them, accept length from
-vLLM's counters, the two contents' acceptance apart (no repeat of one reaches the other's, whichever the load),
-outputs equal to the baseline's, the open sweep's running requests measured two ways. (A third experiment,
-the synthetic words closed loop, was folded into `open`: each experiment costs two vLLM server starts, ~2 min.)
-The figures (accept length and crossover per content) are printed by benchmarks/content_acceptance.py.
+One experiment against the tiny local Llama, plain decoding vs ngram speculation (K=3): chat requests
+(`/v1/chat/completions`: vLLM applies the model's chat template and counts the prompt) from a chat-jsonl
+dataset the test writes (templated text that repeats itself), at request-rate levels (Poisson arrivals), whose
+answer is also given in running requests. Asserts the answer: every cell valid and isolated, input lengths as
+vLLM counted them, accept length from vLLM's counters and near its ceiling on content that repeats itself,
+outputs equal to the baseline's, the open sweep's running requests measured two ways.
+
+Each experiment costs two vLLM server starts (~35 s each) and its model build: the closed-loop run of the same
+dataset and the synthetic-words run that this tier also made once (~2 min each in CI) are what
+benchmarks/content_acceptance.py runs, and it prints the figures (accept length and crossover per content).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from tests.real_engine.test_vllm_cpu import (
 pytestmark = pytest.mark.real_engine
 
 VARIANT = "cpu-tiny"
-LEVELS = (1, 4)
+LEVELS = (1, 4)  # benchmarks/content_acceptance.py's closed-loop levels
 RATES = (2, 8)
 REPEATS = 3
 OUTPUT_TOKENS = 64
@@ -72,7 +71,7 @@ def config_for(name: str, dataset: Path | None = None, **overrides: object) -> d
     config["pairing"] = {"mode": "sequential"}
     # synthetic prompts as long as the templated ones (~200 tokens with the template): only the content differs
     config["workload"].update(output_tokens=OUTPUT_TOKENS, endpoint="chat", input_tokens=INPUT_TOKENS)
-    config["workload"]["requests"]["per_concurrency"] = 4  # the tier's time goes to 6 server starts: small cells
+    config["workload"]["requests"]["per_concurrency"] = 4  # the time goes to the two server starts: small cells
     if dataset is not None:
         config["workload"]["dataset"] = {"path": str(dataset), "format": "chat-jsonl", "name": "templated"}
     config.update(overrides)
@@ -93,66 +92,51 @@ def run(workdir: Path, config: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("real_workloads")
     data = templated_dataset(root / "templated.jsonl")
     open_load = {"mode": "open", "rates": list(RATES), "duration_s": 6}
-    return {
-        "templated": run(root / "templated", config_for("templated", data)),
-        "open": run(root / "open", config_for("open", load=open_load, analysis={"primary_metric": "tpot_p50_s"})),
-    }
+    config = config_for("templated", data, load=open_load, analysis={"primary_metric": "tpot_p50_s"})
+    return run(root / "templated", config)
 
 
-def cells(variant_dir: Path, prefix: str, levels: tuple[int, ...]) -> list[tuple[str, int, dict, pd.DataFrame]]:
+def cells(variant_dir: Path) -> list[tuple[str, int, dict, pd.DataFrame]]:
     out = []
     for arm in ARMS:
-        for c in levels:
-            s, df = read_judged(variant_dir / arm / f"{prefix}{c}", EXAMPLE_GATES)
-            out.append((arm, c, s, df))
+        for rate in RATES:
+            s, df = read_judged(variant_dir / arm / f"r{rate}", EXAMPLE_GATES)
+            out.append((arm, rate, s, df))
     return out
 
 
-@pytest.mark.parametrize("name", ["templated", "open"])
-def test_every_cell_valid_isolated_and_counted_by_the_engine(sweeps: dict[str, Path], name: str) -> None:
-    prefix, levels = ("r", RATES) if name == "open" else ("c", LEVELS)
-    for arm, c, s, df in cells(sweeps[name], prefix, levels):
-        assert s["validity"]["valid"], (name, arm, c, s["validity"]["reasons"])
+def test_every_cell_valid_isolated_and_counted_by_the_engine(sweep: Path) -> None:
+    for arm, rate, s, df in cells(sweep):
+        assert s["validity"]["valid"], (arm, rate, s["validity"]["reasons"])
         assert df["ok"].all() and (df["server_output_tokens"] == df["expected_output_tokens"]).all()
         assert s["workload"]["endpoint"] == "chat" and s["client_backend"] == "openai"
         assert s["workload"]["input_tokens_counted_by"] == "server", s["workload"]
         assert (df["input_tokens"] > 0).all()  # vLLM's usage.prompt_tokens of the templated prompt
         for rep in s["repeats"]:
-            assert rep["metrics"]["prefix_cache"]["hit_rate"] <= 0.01, (name, arm, c, rep["metrics"]["prefix_cache"])
-        if name == "templated":
-            assert s["workload"]["dataset"] == "templated" and s["workload"]["dataset_sha256"]
+            assert rep["metrics"]["prefix_cache"]["hit_rate"] <= 0.01, (arm, rate, rep["metrics"]["prefix_cache"])
+        assert s["workload"]["dataset"] == "templated" and s["workload"]["dataset_sha256"]
 
 
-def accept_lengths(variant_dir: Path, prefix: str, levels: tuple[int, ...]) -> dict[int, list[float]]:
-    """Per level, the ngram arm's accept length of each repeat (vLLM's counter deltas around the repeat)."""
-    out = {}
-    for c in levels:
-        s = read_judged(variant_dir / "ngram" / f"{prefix}{c}", EXAMPLE_GATES)[0]
+def test_acceptance_is_near_its_ceiling_on_content_that_repeats_itself(sweep: Path) -> None:
+    """Every repeat at every rate: ngram drafts from the context, which holds the same sentence twelve times, so
+    nearly every draft token is accepted: accept length (vLLM's counter deltas around the repeat) at least 3.75 of
+    K + 1 = 4. The dataset's content is what the engine was sent: the seeded synthetic words of the same length
+    read 3.36-3.69 on this machine (3.86-3.88 for this content, closed loop; benchmarks/content_acceptance.py)."""
+    for rate in RATES:
+        s = read_judged(sweep / "ngram" / f"r{rate}", EXAMPLE_GATES)[0]
         reps = [r["metrics"]["counter_deltas"] for r in s["repeats"]]
-        out[c] = [1 + d["num_accepted_tokens"] / d["num_drafts"] for d in reps]
-    return out
+        accept = [1 + d["num_accepted_tokens"] / d["num_drafts"] for d in reps]
+        assert min(accept) >= 3.75, (rate, accept)
 
 
-def test_acceptance_depends_on_content(sweeps: dict[str, Path]) -> None:
-    """The same engine, model, arm and prompt length: every repeat of the templated text, at every level, has a
-    longer accept length than every repeat of the synthetic words at every rate (ngram drafts what the context
-    already holds; the load changes the batch, not what a sequence's context holds), by a margin."""
-    templated = accept_lengths(sweeps["templated"], "c", LEVELS)
-    words = accept_lengths(sweeps["open"], "r", RATES)
-    lowest = min(x for reps in templated.values() for x in reps)
-    highest = max(x for reps in words.values() for x in reps)
-    assert lowest > highest + 0.1, (words, templated)
-
-
-def test_outputs_equal_the_baselines(sweeps: dict[str, Path]) -> None:
-    for name in ("templated", "open"):
-        ar = json.loads((sweeps[name] / "crossover.json").read_text())["arms"]["ngram"]
-        for row in ar["per_level"]:
-            assert row["output_match"]["share"] >= 0.9, (name, row)
+def test_outputs_equal_the_baselines(sweep: Path) -> None:
+    ar = json.loads((sweep / "crossover.json").read_text())["arms"]["ngram"]
+    for row in ar["per_level"]:
+        assert row["output_match"]["share"] >= 0.9, row
 
 
 def edge_terms(s: dict, df: pd.DataFrame) -> float:
@@ -177,11 +161,11 @@ def edge_terms(s: dict, df: pd.DataFrame) -> float:
     return sum(out) / len(out)
 
 
-def test_open_sweep_measures_running_requests_and_answers_in_them(sweeps: dict[str, Path]) -> None:
-    result = json.loads((sweeps["open"] / "crossover.json").read_text())
+def test_open_sweep_measures_running_requests_and_answers_in_them(sweep: Path) -> None:
+    result = json.loads((sweep / "crossover.json").read_text())
     assert result["load"] == "open" and result["source"] == "real"
     running = result["arms"]["ngram"]["running_requests"]
-    by_cell = {(arm, rate): (s, df) for arm, rate, s, df in cells(sweeps["open"], "r", RATES)}
+    by_cell = {(arm, rate): (s, df) for arm, rate, s, df in cells(sweep)}
     for row in running["per_level"]:
         for arm, name in (("baseline", "baseline"), ("spec", "ngram")):
             # one quantity measured two ways (stored at measurement time): Little's law holds on the records'
@@ -190,7 +174,7 @@ def test_open_sweep_measures_running_requests_and_answers_in_them(sweeps: dict[s
             assert row[f"{arm}_littles_law"] - edges == pytest.approx(row[f"{arm}_mean"], rel=1e-6), (row, edges)
             assert 1.0 <= row[arm] and row[arm] >= row[f"{arm}_mean"], row  # the batch while busy: at least one
     assert running["per_level"][-1]["baseline"] > running["per_level"][0]["baseline"]  # more load, more running
-    policy = yaml.safe_load((sweeps["open"] / "policy.yaml").read_text())["arms"]["ngram"]
+    policy = yaml.safe_load((sweep / "policy.yaml").read_text())["arms"]["ngram"]
     assert policy["threshold"] is None or policy["threshold"] >= 1, policy  # a batch has at least one request
-    for arm, rate, s, _ in cells(sweeps["open"], "r", RATES):
+    for arm, rate, s, _ in cells(sweep):
         assert s["metrics"]["achieved_rate_rps"] == pytest.approx(rate, rel=0.4), (arm, rate)

@@ -25,6 +25,7 @@ BASE = {
     "workload": WORKLOAD,
     "analysis": {"bootstrap_samples": 200, "primary_metric": "tpot_p50_s"},
     "policy": {"measure": False},
+    "mlflow": {"enabled": False},  # nothing here reads MLflow: its tracking jobs are other tests' (test_mlflow_layout)
     "arms": {"baseline": {"speculative": False}, "eagle3": {"speculative": True}},
     "variants": {"sim": {"engine": "sim", "profile": "demo"}},
 }

@@ -70,7 +70,9 @@ STACK = {
 
 def smk(workdir: Path, *args: str) -> str:
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=120)
+    # a guard against a hang, not a speed target (the whole gates test, re-analysis and re-measure, took 44-49 s in
+    # CI; this VM's speed changes for minutes at a time)
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from specsweep.tracking.payloads import SWEEP_COLOURS
 from specsweep.tracking.view import VIEW_NAME
 from tests.conftest import REPO, SNAKEMAKE, missing
 from tests.pipeline.conftest import EXP
@@ -147,6 +148,12 @@ def _chart_card(page: Any, metric: str) -> Any:
     return cards.filter(has=page.get_by_text(metric, exact=True)).first
 
 
+def rgb(hex_colour: str) -> str:
+    """A #rrggbb colour as the browser writes it in a style."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
 def _curves(card: Any) -> list[tuple[int, str]]:
     """(points, stroke colour) of each drawn line (plotly trace) in a chart card."""
     return card.locator("g.trace.scatter").evaluate_all(
@@ -176,7 +183,9 @@ def test_mlflow_ui_user_path(run_dir: Path, mlflow_ui: str, browser: Any) -> Non
     assert user.count <= 3
     curves = _curves(card)  # plotly draws each run's line twice (the line and its faint hover copy)
     colours = {colour for n, colour in curves if n >= 2}
-    assert len(colours) == 2, curves  # baseline and eagle3, each over both levels, told apart by colour
+    # baseline and eagle3, each over both levels, told apart by the colours their sweep runs are tagged with (by
+    # the run id's hash otherwise: in one CI run both came out rgb(166, 99, 12))
+    assert colours == {rgb(SWEEP_COLOURS[0]), rgb(SWEEP_COLOURS[1])}, curves
     assert card.locator("g.xaxislayer-above text").count() >= 2  # the C axis is drawn
     assert page.locator("text=specsweep: arms against concurrency").count() >= 1
 

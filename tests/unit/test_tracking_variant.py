@@ -70,3 +70,26 @@ def test_a_failed_crossover_keeps_the_sweeps_it_logged(tmp_path: Path, monkeypat
     with pytest.raises(log.TrackingFailed, match="the MLflow store .* failed: the store went away"):
         log.track_variant(CONFIG, "sim", cells, tmp_path / "sim" / "crossover.json", markers)
     assert [json.loads(m.read_text())["arm"] for m in markers] == ["baseline", "eagle3", "eagle3-policy"]
+
+
+def test_each_arm_gets_its_own_sweep_colour() -> None:
+    """The MLflow UI draws a run in its `mlflow.runColor` tag's colour (else one hashed from the run id, which two
+    runs can share): each arm of the tracking spec gets its own, the same in every variant and on every re-log."""
+    from specsweep.config import tracking_spec, validate
+    from specsweep.tracking.payloads import SWEEP_COLOURS, sweep_colour
+
+    config = validate(
+        {
+            "experiment": "demo",
+            "arms": {
+                "baseline": {"speculative": False},
+                "eagle3": {"speculative": True, "draft_lengths": [1, 3]},
+            },
+            "variants": {"sim": {"engine": "sim"}},
+        }
+    )
+    spec = tracking_spec(config)
+    arms = ["baseline", "eagle3-k1", "eagle3-k3", "eagle3-policy"]
+    assert spec["arms"] == arms
+    assert [sweep_colour(spec, a) for a in arms] == list(SWEEP_COLOURS[:4])
+    assert sweep_colour(spec, "not-an-arm") is None  # MLflow's own colour, no guess

@@ -740,6 +740,8 @@ def tracking_spec(config: dict[str, Any]) -> dict[str, Any]:
         "slo": config["slo"],
         # the charts of the experiment's saved MLflow view (specsweep.tracking.view)
         "view_arms": {"speculative": speculative_arms(config), "policy": list(policy_arms(config))},
+        # every arm in the config's order: each arm's sweep runs are drawn in a colour of their own
+        "arms": list(config["arms"]),
     }
 
 

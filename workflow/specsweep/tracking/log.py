@@ -18,6 +18,7 @@ from specsweep.records import CROSSOVER_FIX, Crossover, read
 from specsweep.redact import redact_text, redact_uri
 from specsweep.tracking.notes import cell_note, crossover_note, sweep_note
 from specsweep.tracking.payloads import (
+    RUN_COLOR_TAG,
     cell_metrics,
     cell_params,
     cell_run_name,
@@ -31,6 +32,7 @@ from specsweep.tracking.payloads import (
     primary_metric,
     prompt_dataset,
     prompt_sets_by_level,
+    sweep_colour,
     sweep_params,
     verdict_tags,
 )
@@ -134,6 +136,9 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
         sweep_id = tracker.settle({"sweep_key": sweep_key}, "cells_sha256", digest, why="sweep re-logged")
     for run_id in cell_runs.values():
         tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
+    colour = sweep_colour(tracker.config, arm)
+    if colour:  # a reused run too: one logged before the colour existed, or while the arms were in another order
+        tracker.client.set_tag(sweep_id, RUN_COLOR_TAG, colour)
     return {
         "variant": variant,
         "arm": arm,

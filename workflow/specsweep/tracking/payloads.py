@@ -233,3 +233,29 @@ def verdict_tags(data: dict[str, Any]) -> dict[str, str]:
         if isinstance(verdict, dict) and verdict.get("kind"):
             tags[f"{TAG}.verdict.{arm_name}"] = str(verdict["kind"])
     return tags
+
+
+# The MLflow UI colours a run by its `mlflow.runColor` tag, where it has one (the tag its colour picker writes),
+# else by a hash of the run id: two sweep runs then share a colour now and then, and a chart of the arms against C
+# draws them alike. Tableau 10: distinct in hue and lightness.
+RUN_COLOR_TAG = "mlflow.runColor"
+SWEEP_COLOURS = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+
+
+def sweep_colour(config: dict[str, Any], arm: str) -> str | None:
+    """The colour of an arm's sweep runs: its place among the experiment's arms (`arms` of the tracking spec, in
+    the config's order), so that up to ten arms are told apart in every chart; an arm keeps its colour in every
+    variant (the run's name says which). None for an arm the spec does not list: MLflow's own colour then."""
+    arms = list(config.get("arms") or [])
+    return SWEEP_COLOURS[arms.index(arm) % len(SWEEP_COLOURS)] if arm in arms else None

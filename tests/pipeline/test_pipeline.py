@@ -157,7 +157,7 @@ def test_forcerun_one_cell(run_dir: Path) -> None:
     assert not sim_server_processes(run_dir)
 
 
-def test_client_on_the_servers_core_is_thrown_out(tmp_path: Path) -> None:
+def test_client_on_the_servers_core_is_thrown_out(tmp_path: Path, no_leftover_servers: None) -> None:
     """Client and server forced onto one core (`client.cpus` and the variant's `cpus` the same CPU): the cell is
     judged invalid by the shared-CPU gate, and its client figures are measured all the same. The gate is the
     engine's business only through the CPUs it is given, so the simulated server stands in for vLLM here (the
@@ -168,15 +168,11 @@ def test_client_on_the_servers_core_is_thrown_out(tmp_path: Path) -> None:
     config["variants"]["sim"]["cpus"] = core
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     target = f"results/{EXP}/sim/baseline/c4/summary.json"
-    try:
-        proc = snakemake(tmp_path, target)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        s = read_judged((tmp_path / target).parent, defaults("gates"))[0]
-        assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
-        assert not s["validity"]["valid"]
-        assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]
-        client = s["metrics"]["client"]
-        assert client["wait_share"] is not None and client["busy_share"] is not None  # measured either way
-    finally:
-        for p in sim_server_processes(tmp_path):
-            p.kill()
+    proc = snakemake(tmp_path, target)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = read_judged((tmp_path / target).parent, defaults("gates"))[0]
+    assert s["cpus"]["client"] == s["cpus"]["server"] == s["cpus"]["shared"] == core
+    assert not s["validity"]["valid"]
+    assert any(f"client and server share CPUs {core}" in r for r in s["validity"]["reasons"]), s["validity"]
+    client = s["metrics"]["client"]
+    assert client["wait_share"] is not None and client["busy_share"] is not None  # measured either way

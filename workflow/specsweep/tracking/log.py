@@ -104,8 +104,11 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
     digest = hashlib.sha256((json.dumps(sorted(cell_runs.items())) + LAYOUT).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
     sweep_id = tracker.reusable(existing, "cells_sha256", digest)
+    colour = sweep_colour(tracker.config, arm)
     if sweep_id is not None:
         tracker.retire(existing, keep=sweep_id, why="sweep re-logged")
+        if colour:  # a run logged before the colour existed, or while the arms were in another order
+            tracker.client.set_tag(sweep_id, RUN_COLOR_TAG, colour)
     else:
         first = summaries[0] if summaries else {}
         invalid = {
@@ -123,6 +126,7 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
             f"{TAG}.cells_sha256": digest,
             f"{TAG}.invalid_cells": (" | ".join(f"C={c}: {r}" for c, r in invalid.items()) or "none")[:5000],
             NOTE: sweep_note(variant, arm, summaries),
+            **({RUN_COLOR_TAG: colour} if colour else {}),
         }
         params = {"variant": variant, "arm": arm, **sweep_params(summaries)} if summaries else {"arm": arm}
         start_ms, end_ms = measured_span(summaries)
@@ -136,9 +140,6 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
         sweep_id = tracker.settle({"sweep_key": sweep_key}, "cells_sha256", digest, why="sweep re-logged")
     for run_id in cell_runs.values():
         tracker.client.set_tag(run_id, "mlflow.parentRunId", sweep_id)
-    colour = sweep_colour(tracker.config, arm)
-    if colour:  # a reused run too: one logged before the colour existed, or while the arms were in another order
-        tracker.client.set_tag(sweep_id, RUN_COLOR_TAG, colour)
     return {
         "variant": variant,
         "arm": arm,

@@ -22,6 +22,8 @@ RECIPE = REPO / "envs" / "sglang-cu130.txt"
 LAYERS = Path("sglang") / "srt" / "layers"
 FILES = ("flashinfer_comm_fusion.py", "communicator.py")
 
+pytestmark = [pytest.mark.engine_args, pytest.mark.timeout(900)]
+
 
 @pytest.fixture
 def released(sglang_python: str, tmp_path: Path) -> Path:

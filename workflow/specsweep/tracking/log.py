@@ -80,7 +80,7 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
     with tracker.writing(run_id):
         dataset = prompt_dataset(summary)
         if dataset is not None:
-            tracker.client.log_inputs(run_id, datasets=[dataset])
+            tracker.log_inputs(run_id, [dataset])
         tracker.client.log_artifact(run_id, str(summary_path))
         tracker.finish(run_id, end_time_ms=end_ms)
     return tracker.settle({"cell_key": key}, "summary_sha256", digest, why="cell re-measured or re-judged")

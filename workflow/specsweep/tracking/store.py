@@ -17,6 +17,9 @@ TAG = "specsweep"
 NOTE = "mlflow.note.content"  # the run's description on its page
 # bumped when the run layout changes, so unchanged results are re-logged once in the new layout
 LAYOUT = "layout-2"
+# What a store says when an insert meets a row another job inserted since its own lookup (PostgreSQL, SQLite, MySQL)
+UNIQUE_RACE = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed", "Duplicate entry")
+INPUT_TRIES = 3
 
 
 class Tracker:
@@ -63,6 +66,23 @@ class Tracker:
                     if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                         raise
         raise RuntimeError(f"MLflow experiment {name!r} could not be found, restored or created (deleted again?)")
+
+    def log_inputs(self, run_id: str, datasets: list[Any]) -> None:
+        """`MlflowClient.log_inputs`, repeated when it lost a race. MLflow's store looks a dataset up by name and
+        digest, then inserts it if missing, with nothing between the two: jobs logging the same prompt set to
+        one experiment at once (two checkouts, one server) can meet a unique-key violation, which a server answers
+        as BAD_REQUEST (seen in CI: `duplicate key value violates unique constraint "dataset_pk"`). The failed
+        transaction wrote nothing, and the next call finds the other job's row and links it."""
+        from mlflow.exceptions import MlflowException
+
+        for attempt in range(1, INPUT_TRIES + 1):
+            try:
+                self.client.log_inputs(run_id, datasets=datasets)
+                return
+            except MlflowException as exc:
+                if attempt == INPUT_TRIES or not any(s in str(exc) for s in UNIQUE_RACE):
+                    raise
+                time.sleep(0.2 * attempt)
 
     def save_view(self) -> None:
         """The experiment's saved view (`mlflow_view`) with this config's arms joined to those already in it,

@@ -1,0 +1,108 @@
+"""The run store against a real MLflow store (SQLite in a temporary folder): a dataset input that lost a race to
+another job is logged by the next try, and any other refusal is raised at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specsweep.tracking.payloads import prompt_dataset
+from specsweep.tracking.store import INPUT_TRIES, Tracker
+
+pytestmark = pytest.mark.unit
+
+# what a PostgreSQL-backed server answered a tracking job in CI, when a teammate's job logged the same prompt set
+RACE = (
+    '(psycopg2.errors.UniqueViolation) duplicate key value violates unique constraint "dataset_pk"\n'
+    "DETAIL:  Key (experiment_id, name, digest)=(2, words-16in-12out, 1f0c3a) already exists."
+)
+SUMMARY = {
+    "workload": {
+        "prompt_set_sha256": "1f0c3a" + "0" * 58,
+        "prompt_source": "words",
+        "input_tokens": 16,
+        "output_tokens": 12,
+        "prompt_seed": 1,
+        "prompt_count": 8,
+        "prompt_tokens_exact": True,
+    }
+}
+
+
+@pytest.fixture
+def tracker(tmp_path: Path) -> Tracker:
+    return Tracker(
+        {
+            "experiment": "store",
+            "results_dir": str(tmp_path / "results"),
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "view_arms": {"speculative": ["eagle3"], "policy": []},
+        }
+    )
+
+
+def refusing_once(tracker: Tracker, message: str, monkeypatch: pytest.MonkeyPatch, before: Any = None) -> list[int]:
+    """Make the client's log_inputs refuse its first call with `message` (after `before()`, the other job's
+    write), then pass calls to the real store; returns the list the calls are counted in."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import BAD_REQUEST
+
+    real = tracker.client.log_inputs
+    calls: list[int] = []
+
+    def log_inputs(run_id: str, datasets: list[Any]) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            if before is not None:
+                before()
+            raise MlflowException(message, error_code=BAD_REQUEST)
+        real(run_id, datasets=datasets)
+
+    monkeypatch.setattr(tracker.client, "log_inputs", log_inputs)
+    return calls
+
+
+def test_a_dataset_that_lost_a_race_is_linked_by_the_next_try(
+    tracker: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tracker.new_run("mine", {}, {}, {})
+    theirs = tracker.new_run("theirs", {}, {}, {})
+    dataset = prompt_dataset(SUMMARY)
+    real = tracker.client.log_inputs
+    calls = refusing_once(tracker, RACE, monkeypatch, before=lambda: real(theirs, datasets=[dataset]))
+    tracker.log_inputs(mine, [dataset])
+    assert len(calls) == 2
+    logged = {r: tracker.client.get_run(r).inputs.dataset_inputs for r in (mine, theirs)}
+    assert [(d.dataset.name, d.dataset.digest) for d in logged[mine]] == [
+        (dataset.dataset.name, dataset.dataset.digest)
+    ]
+    assert [d.dataset.digest for d in logged[theirs]] == [dataset.dataset.digest]
+
+
+def test_another_refusal_is_raised_at_once(tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.exceptions import MlflowException
+
+    run = tracker.new_run("mine", {}, {}, {})
+    calls = refusing_once(tracker, "Param value 'x' had length 9000, which exceeded length limit", monkeypatch)
+    with pytest.raises(MlflowException, match="exceeded length limit"):
+        tracker.log_inputs(run, [prompt_dataset(SUMMARY)])
+    assert len(calls) == 1
+
+
+def test_a_race_lost_every_time_is_raised_after_the_last_try(tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.exceptions import MlflowException
+
+    run = tracker.new_run("mine", {}, {}, {})
+    calls: list[int] = []
+
+    def always_refused(run_id: str, datasets: list[Any]) -> None:
+        calls.append(1)
+        raise MlflowException(RACE)
+
+    monkeypatch.setattr(tracker.client, "log_inputs", always_refused)
+    monkeypatch.setattr("specsweep.tracking.store.time.sleep", lambda s: None)
+    with pytest.raises(MlflowException, match="dataset_pk"):
+        tracker.log_inputs(run, [prompt_dataset(SUMMARY)])
+    assert len(calls) == INPUT_TRIES

@@ -212,6 +212,9 @@ def test_per_prompt_output_tokens_are_used(tmp_path: Path) -> None:
     assert (df["output_tokens"] == df["expected_output_tokens"]).all()
 
 
+# `alone`: the cells are judged by the host gates (machine busy, client starved); beside another pytest-xdist worker
+# a cell was judged invalid and the test failed (2026-12-03)
+@pytest.mark.alone
 def test_bench_cli_writes_cells(tmp_path: Path) -> None:
     out = tmp_path / "bench"
 

@@ -1,5 +1,6 @@
-"""The run store against a real MLflow store (SQLite in a temporary folder): a dataset input that lost a race to
-another job is logged by the next try, and any other refusal is raised at once."""
+"""The run store against a real MLflow store (SQLite in a temporary folder): a write that lost an insert race to
+another job (a dataset input, the saved view's tag) is made again and keeps the other job's row, and any other
+refusal is raised at once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from specsweep.tracking.payloads import prompt_dataset
-from specsweep.tracking.store import INPUT_TRIES, Tracker
+from specsweep.tracking.store import RACE_TRIES, Tracker
+from specsweep.tracking.view import view_arms, view_tag
 
 pytestmark = pytest.mark.unit
 
@@ -105,4 +107,58 @@ def test_a_race_lost_every_time_is_raised_after_the_last_try(tracker: Tracker, m
     monkeypatch.setattr("specsweep.tracking.store.time.sleep", lambda s: None)
     with pytest.raises(MlflowException, match="dataset_pk"):
         tracker.log_inputs(run, [prompt_dataset(SUMMARY)])
-    assert len(calls) == INPUT_TRIES
+    assert len(calls) == RACE_TRIES
+
+
+# what SQLite answered one of four jobs setting the saved view's tag of one experiment at once (a repro of the
+# view's race, /tmp/race2/tag.py: 6 of 20 plain calls refused)
+TAG_RACE = "(sqlite3.IntegrityError) UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id"
+
+
+def refusing_tag_once(tracker: Tracker, message: str, monkeypatch: pytest.MonkeyPatch, before: Any = None) -> list[int]:
+    """Make the client's set_experiment_tag refuse its first call with `message` (after `before()`), then pass
+    calls to the real store; returns the list the calls are counted in."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import BAD_REQUEST
+
+    real = tracker.client.set_experiment_tag
+    calls: list[int] = []
+
+    def set_experiment_tag(experiment_id: str, key: str, value: str) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            if before is not None:
+                before()
+            raise MlflowException(message, error_code=BAD_REQUEST)
+        real(experiment_id, key, value)
+
+    monkeypatch.setattr(tracker.client, "set_experiment_tag", set_experiment_tag)
+    return calls
+
+
+def saved_view(tracker: Tracker) -> tuple[list[str], list[str]]:
+    key, _ = view_tag([], [])
+    return view_arms(tracker.client.get_experiment(tracker.experiment_id).tags[key])
+
+
+def test_a_view_that_lost_a_race_is_read_again_and_keeps_the_other_jobs_arms(
+    tracker: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tracker.client.set_experiment_tag
+    theirs = view_tag(["eagle3", "medusa"], [])  # a teammate's job wrote its arms between our read and our write
+    calls = refusing_tag_once(tracker, TAG_RACE, monkeypatch, before=lambda: real(tracker.experiment_id, *theirs))
+    tracker.config["view_arms"] = {"speculative": ["eagle3", "mtp"], "policy": ["eagle3-policy"]}
+    tracker.save_view()
+    assert len(calls) == 2
+    assert saved_view(tracker) == (["eagle3", "medusa", "mtp"], ["eagle3-policy"])
+
+
+def test_another_refusal_of_the_view_is_raised_at_once(tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.exceptions import MlflowException
+
+    calls = refusing_tag_once(tracker, "PERMISSION_DENIED: Permission denied for experiment", monkeypatch)
+    tracker.config["view_arms"] = {"speculative": ["eagle3", "mtp"], "policy": []}
+    with pytest.raises(MlflowException, match="Permission denied"):
+        tracker.save_view()
+    assert len(calls) == 1
+    assert saved_view(tracker) == (["eagle3"], [])

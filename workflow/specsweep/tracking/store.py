@@ -19,7 +19,15 @@ NOTE = "mlflow.note.content"  # the run's description on its page
 LAYOUT = "layout-2"
 # What a store says when an insert meets a row another job inserted since its own lookup (PostgreSQL, SQLite, MySQL)
 UNIQUE_RACE = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed", "Duplicate entry")
-INPUT_TRIES = 3
+RACE_TRIES = 3  # calls of a write that may lose an insert race: the first and two after a lost race
+
+
+def lost_insert_race(exc: Exception) -> bool:
+    """Whether the store refused a write because another job inserted the same row since the store's own lookup.
+    MLflow's store looks a row up, then inserts it if missing, with nothing between the two (datasets,
+    experiment tags): jobs of one experiment writing at once can meet a unique-key violation, which a server
+    answers as BAD_REQUEST. The failed transaction wrote nothing; the write can be made again."""
+    return any(s in str(exc) for s in UNIQUE_RACE)
 
 
 class Tracker:
@@ -68,19 +76,17 @@ class Tracker:
         raise RuntimeError(f"MLflow experiment {name!r} could not be found, restored or created (deleted again?)")
 
     def log_inputs(self, run_id: str, datasets: list[Any]) -> None:
-        """`MlflowClient.log_inputs`, repeated when it lost a race. MLflow's store looks a dataset up by name and
-        digest, then inserts it if missing, with nothing between the two: jobs logging the same prompt set to
-        one experiment at once (two checkouts, one server) can meet a unique-key violation, which a server answers
-        as BAD_REQUEST (seen in CI: `duplicate key value violates unique constraint "dataset_pk"`). The failed
-        transaction wrote nothing, and the next call finds the other job's row and links it."""
+        """`MlflowClient.log_inputs`, repeated when it lost an insert race (`lost_insert_race`): jobs logging the
+        same prompt set to one experiment at once (two checkouts, one server; seen in CI: `duplicate key value
+        violates unique constraint "dataset_pk"`). The next call finds the other job's row and links it."""
         from mlflow.exceptions import MlflowException
 
-        for attempt in range(1, INPUT_TRIES + 1):
+        for attempt in range(1, RACE_TRIES + 1):
             try:
                 self.client.log_inputs(run_id, datasets=datasets)
                 return
             except MlflowException as exc:
-                if attempt == INPUT_TRIES or not any(s in str(exc) for s in UNIQUE_RACE):
+                if attempt == RACE_TRIES or not lost_insert_race(exc):
                     raise
                 time.sleep(0.2 * attempt)
 
@@ -94,7 +100,7 @@ class Tracker:
 
         arms = self.config.get("view_arms") or {}
         mine = (list(arms.get("speculative") or []), list(arms.get("policy") or []))
-        for attempt in range(3):
+        for attempt in range(1, RACE_TRIES + 1):
             key, _ = view_tag([], [])
             current = self.client.get_experiment(self.experiment_id).tags.get(key)
             have = view_arms(current) if current else ([], [])
@@ -105,8 +111,8 @@ class Tracker:
             try:
                 self.client.set_experiment_tag(self.experiment_id, key, value)
                 return
-            except MlflowException:  # another job's first write of the tag won the insert: read it again
-                if attempt == 2:
+            except MlflowException as exc:  # another job's first write of the tag won the insert: read it again
+                if attempt == RACE_TRIES or not lost_insert_race(exc):
                     raise
 
     def active_runs(self, **tags: str) -> list[Any]:

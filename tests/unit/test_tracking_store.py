@@ -45,24 +45,26 @@ def tracker(tmp_path: Path) -> Tracker:
     )
 
 
-def refusing_once(tracker: Tracker, message: str, monkeypatch: pytest.MonkeyPatch, before: Any = None) -> list[int]:
-    """Make the client's log_inputs refuse its first call with `message` (after `before()`, the other job's
+def refusing_once(
+    tracker: Tracker, method: str, message: str, monkeypatch: pytest.MonkeyPatch, before: Any = None
+) -> list[int]:
+    """Make the client's `method` refuse its first call with `message` (after `before()`, the other job's
     write), then pass calls to the real store; returns the list the calls are counted in."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import BAD_REQUEST
 
-    real = tracker.client.log_inputs
+    real = getattr(tracker.client, method)
     calls: list[int] = []
 
-    def log_inputs(run_id: str, datasets: list[Any]) -> None:
+    def refused_once(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         if len(calls) == 1:
             if before is not None:
                 before()
             raise MlflowException(message, error_code=BAD_REQUEST)
-        real(run_id, datasets=datasets)
+        real(*args, **kwargs)
 
-    monkeypatch.setattr(tracker.client, "log_inputs", log_inputs)
+    monkeypatch.setattr(tracker.client, method, refused_once)
     return calls
 
 
@@ -73,7 +75,7 @@ def test_a_dataset_that_lost_a_race_is_linked_by_the_next_try(
     theirs = tracker.new_run("theirs", {}, {}, {})
     dataset = prompt_dataset(SUMMARY)
     real = tracker.client.log_inputs
-    calls = refusing_once(tracker, RACE, monkeypatch, before=lambda: real(theirs, datasets=[dataset]))
+    calls = refusing_once(tracker, "log_inputs", RACE, monkeypatch, before=lambda: real(theirs, datasets=[dataset]))
     tracker.log_inputs(mine, [dataset])
     assert len(calls) == 2
     logged = {r: tracker.client.get_run(r).inputs.dataset_inputs for r in (mine, theirs)}
@@ -87,7 +89,9 @@ def test_another_refusal_is_raised_at_once(tracker: Tracker, monkeypatch: pytest
     from mlflow.exceptions import MlflowException
 
     run = tracker.new_run("mine", {}, {}, {})
-    calls = refusing_once(tracker, "Param value 'x' had length 9000, which exceeded length limit", monkeypatch)
+    calls = refusing_once(
+        tracker, "log_inputs", "Param value 'x' had length 9000, which exceeded length limit", monkeypatch
+    )
     with pytest.raises(MlflowException, match="exceeded length limit"):
         tracker.log_inputs(run, [prompt_dataset(SUMMARY)])
     assert len(calls) == 1
@@ -110,30 +114,9 @@ def test_a_race_lost_every_time_is_raised_after_the_last_try(tracker: Tracker, m
     assert len(calls) == RACE_TRIES
 
 
-# what SQLite answered one of four jobs setting the saved view's tag of one experiment at once (a repro of the
-# view's race, /tmp/race2/tag.py: 6 of 20 plain calls refused)
+# what SQLite answered one of four processes setting one new tag of one experiment at once (6 of 20 plain
+# set_experiment_tag calls were refused so, in 5 rounds)
 TAG_RACE = "(sqlite3.IntegrityError) UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id"
-
-
-def refusing_tag_once(tracker: Tracker, message: str, monkeypatch: pytest.MonkeyPatch, before: Any = None) -> list[int]:
-    """Make the client's set_experiment_tag refuse its first call with `message` (after `before()`), then pass
-    calls to the real store; returns the list the calls are counted in."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import BAD_REQUEST
-
-    real = tracker.client.set_experiment_tag
-    calls: list[int] = []
-
-    def set_experiment_tag(experiment_id: str, key: str, value: str) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            if before is not None:
-                before()
-            raise MlflowException(message, error_code=BAD_REQUEST)
-        real(experiment_id, key, value)
-
-    monkeypatch.setattr(tracker.client, "set_experiment_tag", set_experiment_tag)
-    return calls
 
 
 def saved_view(tracker: Tracker) -> tuple[list[str], list[str]]:
@@ -146,7 +129,9 @@ def test_a_view_that_lost_a_race_is_read_again_and_keeps_the_other_jobs_arms(
 ) -> None:
     real = tracker.client.set_experiment_tag
     theirs = view_tag(["eagle3", "medusa"], [])  # a teammate's job wrote its arms between our read and our write
-    calls = refusing_tag_once(tracker, TAG_RACE, monkeypatch, before=lambda: real(tracker.experiment_id, *theirs))
+    calls = refusing_once(
+        tracker, "set_experiment_tag", TAG_RACE, monkeypatch, before=lambda: real(tracker.experiment_id, *theirs)
+    )
     tracker.config["view_arms"] = {"speculative": ["eagle3", "mtp"], "policy": ["eagle3-policy"]}
     tracker.save_view()
     assert len(calls) == 2
@@ -156,7 +141,9 @@ def test_a_view_that_lost_a_race_is_read_again_and_keeps_the_other_jobs_arms(
 def test_another_refusal_of_the_view_is_raised_at_once(tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.exceptions import MlflowException
 
-    calls = refusing_tag_once(tracker, "PERMISSION_DENIED: Permission denied for experiment", monkeypatch)
+    calls = refusing_once(
+        tracker, "set_experiment_tag", "PERMISSION_DENIED: Permission denied for experiment", monkeypatch
+    )
     tracker.config["view_arms"] = {"speculative": ["eagle3", "mtp"], "policy": []}
     with pytest.raises(MlflowException, match="Permission denied"):
         tracker.save_view()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,21 @@ def lost_insert_race(exc: Exception) -> bool:
     experiment tags): jobs of one experiment writing at once can meet a unique-key violation, which a server
     answers as BAD_REQUEST. The failed transaction wrote nothing; the write can be made again."""
     return any(s in str(exc) for s in UNIQUE_RACE)
+
+
+def retry_lost_race(write: Callable[[], None]) -> None:
+    """Call `write` again when it lost an insert race (RACE_TRIES calls at most, 0.2 and 0.4 s apart); any other
+    refusal, and the last try's, is raised at once."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(1, RACE_TRIES + 1):
+        try:
+            write()
+            return
+        except MlflowException as exc:
+            if attempt == RACE_TRIES or not lost_insert_race(exc):
+                raise
+            time.sleep(0.2 * attempt)
 
 
 class Tracker:
@@ -79,41 +94,28 @@ class Tracker:
         """`MlflowClient.log_inputs`, repeated when it lost an insert race (`lost_insert_race`): jobs logging the
         same prompt set to one experiment at once (two checkouts, one server; seen in CI: `duplicate key value
         violates unique constraint "dataset_pk"`). The next call finds the other job's row and links it."""
-        from mlflow.exceptions import MlflowException
-
-        for attempt in range(1, RACE_TRIES + 1):
-            try:
-                self.client.log_inputs(run_id, datasets=datasets)
-                return
-            except MlflowException as exc:
-                if attempt == RACE_TRIES or not lost_insert_race(exc):
-                    raise
-                time.sleep(0.2 * attempt)
+        retry_lost_race(lambda: self.client.log_inputs(run_id, datasets=datasets))
 
     def save_view(self) -> None:
         """The experiment's saved view (`mlflow_view`) with this config's arms joined to those already in it,
         rewritten only when its charts change. Why joined: two checkouts logging variants of one experiment
         with different arms would otherwise take each other's charts away, the last job winning. A write
         that races another (both read the old view) can still lose an arm: `run` calls this again when a
-        job ends, seconds later, which puts it back."""
-        from mlflow.exceptions import MlflowException
-
+        job ends, seconds later, which puts it back. A write that lost the tag's first insert to another job's
+        reads the view again (`retry_lost_race`)."""
         arms = self.config.get("view_arms") or {}
         mine = (list(arms.get("speculative") or []), list(arms.get("policy") or []))
-        for attempt in range(1, RACE_TRIES + 1):
+
+        def write() -> None:
             key, _ = view_tag([], [])
             current = self.client.get_experiment(self.experiment_id).tags.get(key)
             have = view_arms(current) if current else ([], [])
             want = [h + [a for a in m if a not in h] for h, m in zip(have, mine, strict=True)]
             key, value = view_tag(*want)
-            if current is not None and _view_state(current) == json.loads(value)["state"]:
-                return
-            try:
+            if current is None or _view_state(current) != json.loads(value)["state"]:
                 self.client.set_experiment_tag(self.experiment_id, key, value)
-                return
-            except MlflowException as exc:  # another job's first write of the tag won the insert: read it again
-                if attempt == RACE_TRIES or not lost_insert_race(exc):
-                    raise
+
+        retry_lost_race(write)
 
     def active_runs(self, **tags: str) -> list[Any]:
         flt = " and ".join(f"tags.`{TAG}.{k}` = '{v}'" for k, v in tags.items())

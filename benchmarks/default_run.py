@@ -8,6 +8,7 @@ environment fingerprint, analysis, MLflow tracking and Snakemake itself. Figures
     python benchmarks/default_run.py [--config config/config.yaml]
     python benchmarks/default_run.py --results DIR    # a finished run (DIR holds config.yaml and results/)
     python benchmarks/default_run.py --readme         # and regenerate README.md's sample output from this run
+    python benchmarks/default_run.py --cores 2        # as a user with `--cores N` runs it (one measurement at a time)
     python benchmarks/default_run.py --hog-at 240     # a CPU hog on every core from 240 s for 60 s (--hog-for):
                                                       # the cells it disturbs are measured again (cell_attempts)
 """
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", action="store_true", help="put this run's final output in README.md's sample")
     parser.add_argument("--hog-at", type=float, help="start a busy loop per CPU this many seconds into the run")
     parser.add_argument("--hog-for", type=float, default=60.0, help="seconds the hog runs (default 60)")
+    parser.add_argument(
+        "--cores", default="1", help="snakemake --cores (default 1, the README's; measuring jobs run one at a time)"
+    )
     args = parser.parse_args(argv)
     if args.hog_at is not None and (args.results or args.readme):
         parser.error("--hog-at disturbs a run it starts: not with --results, and not for the README's sample")
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "-s",
         str(REPO / "Snakefile"),
         "--cores",
-        "1",
+        args.cores,
         "crossover",
         "--configfile",
         "config.yaml",

@@ -16,9 +16,9 @@ EXP = "tiny"
 
 
 def snakemake(
-    workdir: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    workdir: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None, cores: int = 1
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", *args, "--configfile", "config.yaml"]
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", str(cores), *args, "--configfile", "config.yaml"]
     full_env = {**os.environ, **env} if env else None
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=full_env)
 

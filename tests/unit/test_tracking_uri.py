@@ -46,6 +46,17 @@ def test_credentials_go_to_mlflows_variables(monkeypatch: pytest.MonkeyPatch) ->
     assert os.environ[USER_ENV] == "alice" and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cr@t-pw"
 
 
+def test_a_postgresql_stores_credentials_go_to_libpqs_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PostgreSQL database as the store: the jobs open it themselves, through libpq, which reads PGUSER and
+    PGPASSWORD; the URI they get (a rule param Snakemake prints) holds neither."""
+    for var in ("PGUSER", "PGPASSWORD", USER_ENV, "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+    bare = credentials_to_env("postgresql+psycopg2://team:pg%2Fpw@db.example.org:5432/mlflow")
+    assert bare == "postgresql+psycopg2://db.example.org:5432/mlflow"
+    assert os.environ["PGUSER"] == "team" and os.environ["PGPASSWORD"] == "pg/pw"
+    assert USER_ENV not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+
+
 def _config(uri: str) -> dict:
     return {"experiment": "exp", "results_dir": "results", "mlflow": {"tracking_uri": uri, "enabled": True}}
 

@@ -23,11 +23,13 @@ rule cell:
     priority: cell_priority_of
     conda:
         "../envs/specsweep.yaml"
+    threads: MEASURE_THREADS
     resources:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
-        # one cell at a time per server: on a cluster, a server's cells run one after another in its job
-        # (workflow/profiles/slurm groups them and scopes this resource to the job)
-        server=1,
+        # locally MEASURE_THREADS runs a measurement alone; on a cluster each job is a host of its own and a
+        # server's cells run one after another in its job (workflow/profiles/slurm groups them and scopes this
+        # resource to the job)
+        measure=1,
         slurm_partition=slurm("slurm_partition"),
         slurm_account=slurm("slurm_account"),
         gpu=slurm("gpu"),
@@ -65,9 +67,10 @@ rule paired_level:
     priority: paired_priority_of
     conda:
         "../envs/specsweep.yaml"
+    threads: MEASURE_THREADS
     resources:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
-        server=1,
+        measure=1,
         slurm_partition=slurm("slurm_partition"),
         slurm_account=slurm("slurm_account"),
         gpu=slurm("gpu"),
@@ -106,9 +109,10 @@ rule paired_policy:
     priority: cell_priority_of
     conda:
         "../envs/specsweep.yaml"
+    threads: MEASURE_THREADS
     resources:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
-        server=1,
+        measure=1,
         slurm_partition=slurm("slurm_partition"),
         slurm_account=slurm("slurm_account"),
         gpu=slurm("gpu"),
@@ -148,9 +152,10 @@ rule instance_cell:
     priority: instance_priority_of
     conda:
         "../envs/specsweep.yaml"
+    threads: MEASURE_THREADS
     resources:
         startup_timeout_s=lambda w: startup_timeout_s(config, w.variant),
-        server=1,
+        measure=1,
         slurm_partition=slurm("slurm_partition"),
         slurm_account=slurm("slurm_account"),
         gpu=slurm("gpu"),

@@ -38,6 +38,13 @@ FIXED_ARMS = fixed_arms(config)  # the baseline and every speculative (sub-)arm
 PAIRED_VARIANTS = interleaved_variants(config)  # their fixed arms' levels are measured in interleaved blocks
 REPLICATED_VARIANTS = replicated_variants(config)  # their fixed arms run on several instances (pairing.instances)
 POLICY_ARMS = policy_arms(config)  # policy arm -> its family: serves the derived schedule (workflow/rules/policy.smk)
+# A measurement uses every core of its host (the servers' process trees on all CPUs but the client's, the client on
+# that one): its rules ask for every core Snakemake may use, so under `snakemake --cores N` no other job (another
+# variant's level, an analysis or MLflow job, a build) runs beside it; the machine-busy gate would throw out a cell
+# measured so (a --cores 2 run here: 3 cells at 31%), and two variants' levels taking turns would restart their
+# servers at every turn. Builds, analysis and MLflow jobs run beside one another. The SLURM profile sets these rules'
+# threads back to 1 (set-threads: a cluster job is a host of its own, its CPUs the variant's slurm.cpus_per_task).
+MEASURE_THREADS = workflow.cores or 1
 LOAD_MODE = load_mode(config)  # closed (c<C> cells), open (r<rate>) or trace (t<time scale>)
 LEVELS = levels(config)
 BASELINE_ARM = config["analysis"]["baseline_arm"]

@@ -10,7 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from specsweep.tracking.uri import credentials_to_env, http_env, is_server_uri, resolve_tracking_uri
+from specsweep.tracking.uri import (
+    credentials_to_env,
+    http_env,
+    is_postgresql_uri,
+    is_server_uri,
+    resolve_tracking_uri,
+)
 from specsweep.tracking.view import view_arms, view_tag
 
 TAG = "specsweep"
@@ -20,6 +26,8 @@ LAYOUT = "layout-2"
 # What a store says when an insert meets a row another job inserted since its own lookup (PostgreSQL, SQLite, MySQL)
 UNIQUE_RACE = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed", "Duplicate entry")
 RACE_TRIES = 3  # calls of a write that may lose an insert race: the first and two after a lost race
+SCHEMA_LOCK_S = 600  # how long a process waits for another's schema set-up (MLflow's migrations take seconds)
+SCHEMA_LOCK_KEY = 0x5BEC5EE9  # specsweep's PostgreSQL advisory lock around a fresh database's schema set-up
 
 
 def lost_insert_race(exc: Exception) -> bool:
@@ -45,18 +53,64 @@ def retry_lost_race(write: Callable[[], None]) -> None:
             time.sleep(0.2 * attempt)
 
 
+@contextlib.contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Held while a process opens a database store for the first time, so that a fresh database gets MLflow's
+    schema from one process. Why: MLflow's tracking store creates the tables and runs every migration in each
+    process that finds them missing, with no lock (its jobs and workspace stores take one, the tracking store
+    does not), and jobs that start at once on a new store fail inside it (`table experiments already exists`,
+    `duplicate column name: step`; docs/mlflow-schema-race.md). SQLite: a file lock beside the database (every
+    checkout and job that opens the file takes the same one); PostgreSQL: an advisory lock in the database
+    itself, which holds across hosts. A tracking server creates its schema itself, before it answers."""
+    if uri.startswith("sqlite:///"):
+        from filelock import FileLock
+
+        with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=SCHEMA_LOCK_S):
+            yield
+    elif is_postgresql_uri(uri):
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text(f"SET lock_timeout = '{SCHEMA_LOCK_S}s'"))
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                    conn.commit()
+        finally:
+            engine.dispose()
+    else:
+        yield
+
+
+def open_client(uri: str) -> Any:
+    """An MlflowClient whose store is open and at the installed MLflow's schema head (MLflow refuses an older
+    schema, naming `mlflow db upgrade`): a fresh database is given its schema here, by one process at a time."""
+    from mlflow.tracking import MlflowClient
+
+    if is_server_uri(uri):
+        return MlflowClient(tracking_uri=uri)
+    with schema_lock(uri):  # the client opens its store when made (and a search, when it is made lazily)
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    return client
+
+
 class Tracker:
     """Thin layer over MlflowClient for the specsweep run layout."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         import mlflow
-        from mlflow.tracking import MlflowClient
 
         self.config = config
         self.uri = credentials_to_env(resolve_tracking_uri(config["mlflow"]["tracking_uri"]))
         http_env(config["mlflow"])
         mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         self.experiment_id = self._experiment()
         self.save_view()
 

@@ -14,6 +14,8 @@ from specsweep.tracking.view import view_url
 
 # MLflow's own variables: the credentials of a tracking server, and how long one request may take
 USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+# a PostgreSQL database as the store (postgresql://host/db): libpq's own variables take its credentials
+PG_USER_ENV, PG_PASSWORD_ENV = "PGUSER", "PGPASSWORD"
 HTTP_ENV = {"http_max_retries": "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "http_timeout_s": "MLFLOW_HTTP_REQUEST_TIMEOUT"}
 # what a request that never got an answer says (requests/urllib3 through MLflow's "failed with exception")
 UNREACHABLE = (
@@ -47,13 +49,20 @@ def is_server_uri(uri: str) -> bool:
 def credentials_to_env(uri: str) -> str:
     """The tracking URI without a user:password@ of its own; those go to MLflow's variables instead
     (MLFLOW_TRACKING_USERNAME / _PASSWORD), which this process and the jobs it starts read. Why: in the URI the
-    password would travel into marker files, rule params Snakemake prints, and MLflow's "View run at" lines."""
+    password would travel into marker files, rule params Snakemake prints, and MLflow's "View run at" lines.
+    For a PostgreSQL database as the store they go to libpq's PGUSER / PGPASSWORD."""
     bare, user, password = split_uri_credentials(uri)
+    user_env, password_env = (PG_USER_ENV, PG_PASSWORD_ENV) if is_postgresql_uri(bare) else (USER_ENV, PASSWORD_ENV)
     if user:
-        os.environ[USER_ENV] = user
+        os.environ[user_env] = user
     if password:
-        os.environ[PASSWORD_ENV] = password
+        os.environ[password_env] = password
     return bare
+
+
+def is_postgresql_uri(uri: str) -> bool:
+    """A PostgreSQL database as the store itself (postgresql://, postgresql+psycopg2://), no server in front."""
+    return urlsplit(uri).scheme.split("+")[0] == "postgresql"
 
 
 def http_env(mlflow_cfg: dict[str, Any]) -> None:

@@ -52,7 +52,10 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
         },
         "variants": {
             "cu128": {"engine": "vllm", "server_args": ["--max-num-seqs", "64"]},
-            "cu130": {"engine": "sglang"},
+            "cu130": {
+                "engine": "sglang",
+                "arm_server_args": {"eagle3": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]},
+            },
         },
         "analysis": {"bootstrap_samples": 300, "seed": 1},
     }
@@ -98,9 +101,10 @@ def test_crossover_cli_writes_everything(experiment: Path, capsys: pytest.Captur
             assert f.exists() and f.stat().st_size > 1000
     pol = yaml.safe_load((d / "policy.yaml").read_text())
     e = pol["arms"]["eagle3"]
-    sched = e["vllm"]["num_speculative_tokens_per_batch_size"]
+    sched = e["vllm"]["schedule"]
     assert sched[0] == [1, e["threshold"], 3] and sched[-1] == [e["threshold"] + 1, 64, 0]
     assert e["vllm"]["speculative_config"]["method"] == "eagle3"
+    assert e["vllm"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == sched
     assert ar["threshold"] == e["threshold"] == res["policy"]["eagle3"]["threshold"]
     assert ar["verdict"]["kind"] == "crossover" and e["verdict"] == "crossover"
     # the invalid C=30 lies above the level that bounds the crossover (10): noted, not blocking
@@ -139,7 +143,9 @@ def test_crossover_cli_explicit_summaries_and_sglang(
     assert rc == 0
     capsys.readouterr()
     pol = yaml.safe_load((tmp_path / "policy.yaml").read_text())
-    assert "apply" in pol["arms"]["eagle3"]["sglang"]
+    sglang = pol["arms"]["eagle3"]["sglang"]  # the adaptive config, written where policy.yaml says
+    assert json.loads(Path(sglang["adaptive_config_file"]).read_text()) == sglang["adaptive_config"]
+    assert sglang["adaptive_config"]["1"] == {"candidate_steps": [3]}
     assert not (tmp_path / "plots").exists()
 
 

@@ -1,4 +1,5 @@
-"""Threshold choice from the intervals, and its engine-specific forms (vLLM schedule, SGLang routing, sim)."""
+"""Threshold choice from the intervals, and its engine-specific forms (vLLM schedule, SGLang adaptive config, sim),
+at the K each arm was measured at."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from specsweep.analysis.policy import (
     dump_yaml,
     engine_policy,
     policy_document,
-    speculative_tokens,
 )
 from specsweep.sim.engine import parse_schedule
 from tests.support.crossovers import crossover_block
@@ -53,33 +53,55 @@ def test_threshold_edges() -> None:
     assert choose_threshold(_arm([1.5, None, 1.3], None), "level_lower_bound")["threshold"] == 1
 
 
-def test_vllm_schedule_from_speculative_config() -> None:
-    arm = {"speculative_config": {"method": "eagle3", "model": "draft", "num_speculative_tokens": 3}}
-    p = engine_policy("vllm", 12, arm, {"max_num_seqs": 256})
-    assert p["num_speculative_tokens_per_batch_size"] == [[1, 12, 3], [13, 256, 0]]
-    assert p["speculative_config"]["method"] == "eagle3"
-    assert p["speculative_config"]["num_speculative_tokens"] == 3
+EAGLE_VLLM = [
+    "--max-num-seqs",
+    "256",
+    "--speculative-config",
+    '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}',
+]
+EAGLE_SGLANG = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+
+
+def test_vllm_threshold_with_the_arms_k() -> None:
+    p = engine_policy("vllm", 12, {"server_args": EAGLE_VLLM})
+    assert p["schedule"] == [[1, 12, 3], [13, 256, 0]] and p["draft_length_measured"] == 3
+    cfg = p["speculative_config"]
+    assert cfg["method"] == "eagle3" and cfg["num_speculative_tokens"] == 3
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 12, 3], [13, 256, 0]]
     flag, payload = p["cli"].split(" ", 1)
     assert flag == "--speculative-config"
     assert json.loads(payload.strip("'"))["num_speculative_tokens_per_batch_size"][1] == [13, 256, 0]
 
 
-def test_vllm_schedule_from_argv_and_edges() -> None:
+def test_a_sub_arm_is_recommended_at_the_k_it_was_measured_at() -> None:
+    """`draft_lengths: [1, 3]` measures sub-arm K=1 with the family's flags (K=3 in its config): its entry
+    recommends K=1, in the schedule, the config and the command line (issue 41: it said K=3)."""
+    p = engine_policy("vllm", 12, {"draft_length": 1, "server_args": EAGLE_VLLM})
+    assert p["draft_length_measured"] == 1 and p["schedule"] == [[1, 12, 1], [13, 256, 0]]
+    assert p["speculative_config"]["num_speculative_tokens"] == 1
+    assert '"num_speculative_tokens":1' in p["cli"] and '"num_speculative_tokens":3' not in p["cli"]
+
+
+def test_one_k_everywhere_is_the_static_flag_and_k0_the_baseline() -> None:
     arm = {"server_args": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']}
-    assert speculative_tokens("vllm", arm) == 4
-    assert engine_policy("vllm", 0, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [[1, 1024, 0]]
-    assert engine_policy("vllm", 5000, arm, {}, 250)["num_speculative_tokens_per_batch_size"] == [[1, 1024, 4]]
+    off = engine_policy("vllm", 0, arm, {}, 250)
+    assert off["schedule"] == [[1, 1024, 0]] and off["static"] and off["server_args"] == []  # no speculative config
+    on = engine_policy("vllm", 5000, arm, {}, 250)
+    assert on["schedule"] == [[1, 1024, 4]] and on["static"]
+    assert on["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4}  # no per-batch-size path
     assert "note" in engine_policy("vllm", 8, {}, {}, 250)  # K unknown: said so, no schedule invented
-    assert "num_speculative_tokens_per_batch_size" not in engine_policy("vllm", 8, {}, {}, 250)
+    assert "schedule" not in engine_policy("vllm", 8, {}, {}, 250)
 
 
-def test_sglang_forms() -> None:
-    p = engine_policy("sglang", 24)
-    hows = {a["how"]: a for a in p["apply"]}
-    assert set(hows) == {"router", "cap_and_overflow"}
-    assert hows["cap_and_overflow"]["server_args"] == ["--max-running-requests", "24"]
-    assert "24" in hows["router"]["what"]
-    assert engine_policy("sglang", 0)["apply"][0]["how"] == "no_speculation"
+def test_sglang_threshold_is_the_adaptive_config() -> None:
+    """One answer for SGLang: the pinned release turns drafting off per batch size (0-step slots), so the
+    threshold is an adaptive config, not a router (which the release does not need)."""
+    p = engine_policy("sglang", 24, {"server_args": EAGLE_SGLANG}, schedule_file="policy/eagle3.json")
+    assert p["adaptive_config"] == {"1": {"candidate_steps": [3]}, "25": {"candidate_steps": [0]}}
+    assert p["adaptive_config_file"] == "policy/eagle3.json" and not p["approximate"]
+    assert "--speculative-adaptive" in p["server_args"] and "router" not in json.dumps(p)
+    off = engine_policy("sglang", 0, {"server_args": EAGLE_SGLANG})
+    assert off["static"] and not any(a.startswith("--speculative") for a in off["server_args"])
 
 
 def test_sim_schedule_and_document() -> None:
@@ -89,7 +111,7 @@ def test_sim_schedule_and_document() -> None:
     entry = doc["arms"]["eagle3"]
     assert entry["threshold"] == 2 and "sim" in entry
     # the demo profile drafts 3 tokens: speculate with 3 up to 2 running requests, then not at all
-    assert entry["sim"]["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 1024, 0]]
+    assert entry["sim"]["schedule"] == [[1, 2, 3], [3, 1024, 0]]
     assert entry["sim"]["server_args"] == ["--spec-schedule", "[[1,2,3],[3,1024,0]]"]
     assert parse_schedule(entry["sim"]["server_args"][1]) == [(1, 2, 3), (3, 1024, 0)]  # what serve-sim accepts
     up = _arm([0.8, 1.1, 1.2], _x(0.0, 0.0, 0.0, ("below_range",) * 3), [{"direction": "up"}])
@@ -97,18 +119,12 @@ def test_sim_schedule_and_document() -> None:
     assert doc["arms"]["eagle3"]["threshold"] == 0 and "warning" in doc["arms"]["eagle3"]
 
 
-def test_sglang_router_wording_matches_threshold() -> None:
-    """The threshold means "<= N running requests": the router text must say so, not "< N"."""
-    router = next(a for a in engine_policy("sglang", 24)["apply"] if a["how"] == "router")
-    assert "<= 24 running requests" in router["what"]
-    assert "< 24 running" not in router["what"]
-
-
 def test_policy_yaml_has_no_aliases() -> None:
-    arm = {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}
     ar = _arm([1.2, 1.1, 0.9], _x(3.0, 2.4, 4.0, ("within",) * 3), [{"direction": "down"}])
-    doc = policy_document({"arms": {"eagle3": ar}}, "vllm", {"eagle3": arm}, {"max_num_seqs": 64})
-    assert "&id" in yaml.safe_dump(doc)  # the schedule list sits in two places of the entry
+    doc = policy_document({"arms": {"eagle3": ar}}, "vllm", {"eagle3": {"server_args": EAGLE_VLLM}})
+    form = doc["arms"]["eagle3"]["vllm"]
+    form["schedule_again"] = form["schedule"]  # one list object in two places, as a document may hold
+    assert "&id" in yaml.safe_dump(doc)
     text = dump_yaml(doc)
     assert "&id" not in text and "*id" not in text
     assert yaml.safe_load(text) == yaml.safe_load(yaml.safe_dump(doc))
@@ -152,9 +168,9 @@ def test_sim_policy_without_a_profile_invents_no_draft_length() -> None:
     """A sim variant that names no profile has no known draft length: said so, no schedule, not the demo
     profile's K (issue 28). A validated config always names one (the schema's default)."""
     out = engine_policy("sim", 2, {}, {}, 10)
-    assert "num_speculative_tokens_per_batch_size" not in out and "server_args" not in out, out
+    assert "schedule" not in out and "server_args" not in out, out
     assert "profile" in out["note"], out
-    assert engine_policy("sim", 2, {}, {"profile": "demo"}, 10)["num_speculative_tokens_per_batch_size"] == [
+    assert engine_policy("sim", 2, {}, {"profile": "demo"}, 10)["schedule"] == [
         [1, 2, 3],
         [3, 1024, 0],
     ]

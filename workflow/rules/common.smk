@@ -90,11 +90,16 @@ def schedules(variant):
 
 
 def served_policy_arms(variant):
-    """Policy arms whose family got a schedule (an inconclusive family has none, and no policy arm)."""
+    """Policy arms whose family got a schedule that switches K (an inconclusive family has none, and no policy
+    arm; one K over the whole range is a fixed arm's static setting, `served_by`: its cells are the measurement)."""
     if not POLICY_ARMS:
         return []
     families = schedules(variant)["families"]
-    return [a for a, fam in POLICY_ARMS.items() if (families.get(fam) or {}).get("schedule")]
+    return [
+        a
+        for a, fam in POLICY_ARMS.items()
+        if (families.get(fam) or {}).get("schedule") and not (families.get(fam) or {}).get("served_by")
+    ]
 
 
 def fixed_cells(wildcards, name="summary.json", levels=None):

@@ -81,6 +81,8 @@ class AnalysisSettings:
     # the A/A band (lo, hi) of the primary metric's ratio per level: the indifference zone of verdicts, schedules
     # and proofs at that level when the config has an A/A arm (`noise_floor`); empty: no A/A arm measured
     noise_bands: dict[float, tuple[float, float]] = field(default_factory=dict)
+    # the proof's equivalence margin (config `policy.margin`): a policy fails only below 1 - margin
+    proof_margin: float = defaults("policy")["margin"]
 
     def noise_band_at(self, level: float) -> tuple[float, float] | None:
         """The A/A band measured at `level`; None where no A/A comparison judged it (no other level's stands in:
@@ -102,6 +104,7 @@ class AnalysisSettings:
         s.slo_ms = {k: float(v) for k, v in (config.get("slo") or {}).items() if v is not None}
         s.gates = {**defaults("gates"), **(config.get("gates") or {})}
         s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
+        s.proof_margin = float((config.get("policy") or {}).get("margin", s.proof_margin))
         s.min_output_match = float(a.get("min_output_match", s.min_output_match))
         configured = configured_levels(config)
         if configured:

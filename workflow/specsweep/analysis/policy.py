@@ -18,14 +18,12 @@ the reason and the levels to add or re-measure, and no engine schedule. A number
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 from typing import Any
 
 import yaml
 
-from specsweep.engines.speculation import apply_text, flag_value, sim_args, threshold_schedule, vllm_speculative_config
+from specsweep.engines.speculation import apply_text, batch_upper, configured_k, threshold_schedule
 
 __all__ = [
     "choose_threshold",
@@ -33,7 +31,6 @@ __all__ = [
     "engine_policy",
     "policy_document",
     "schedule_entries",
-    "speculative_tokens",
 ]
 
 
@@ -137,144 +134,39 @@ def choose_threshold(
     }
 
 
-def _argv_of(arm: dict[str, Any]) -> list[str]:
-    for key in ("server_args", "args", "extra_args", "argv"):
-        v = arm.get(key)
-        if isinstance(v, list):
-            return [str(a) for a in v]
-        if isinstance(v, str):
-            return shlex.split(v)
-    return []
-
-
-def _speculative_config(arm: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's speculative config from the arm: a dict, a JSON string, or --speculative-config in its args."""
-    v: Any = arm.get("speculative_config")
-    if v is None:
-        v = flag_value(_argv_of(arm), "--speculative-config")
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError:
-            v = None
-    return dict(v) if isinstance(v, dict) else {}
-
-
-def speculative_tokens(engine: str, arm: dict[str, Any]) -> int | None:
-    """Draft tokens per step of the speculative arm (vLLM num_speculative_tokens; SGLang num draft tokens)."""
-    for key in ("num_speculative_tokens", "speculative_num_draft_tokens"):
-        if arm.get(key) is not None:
-            return int(arm[key])
-    cfg = _speculative_config(arm)
-    if cfg.get("num_speculative_tokens") is not None:
-        return int(cfg["num_speculative_tokens"])
-    argv = _argv_of(arm)
-    for flag in ("--num-speculative-tokens", "--speculative-num-draft-tokens"):
-        v = flag_value(argv, flag)
-        if v is not None:
-            return int(v)
-    return None
-
-
-def _sim(n: int, variant: dict[str, Any], max_level: float) -> dict[str, Any]:
-    """The simulated engine applies the same schedule per step as vLLM (`serve-sim --spec-schedule`). K is
-    the variant's profile's draft length; a variant without a profile (a validated config always has one, the
-    schema's default) gets no schedule, as a vLLM arm without num_speculative_tokens gets none."""
-    from specsweep.sim.profile import load_profile
-
-    if not variant.get("profile"):
-        return {
-            "note": (
-                "the variant names no profile, so its draft length is unknown: no schedule written; "
-                "set variants.<name>.profile (or pass the validated config)"
-            )
-        }
-    k = load_profile(variant["profile"]).speculative.draft_tokens
-    sched = threshold_schedule(n, k, max(1024, int(max_level)))
-    return {
-        "num_speculative_tokens_per_batch_size": sched,
-        "server_args": sim_args({"schedule": sched}),
-        "note": (
-            "add server_args to a speculative arm to serve the schedule (K per running requests, switched each "
-            "step as vLLM does; switching re-prefills the draft model, docs/sim.md); measure it as an arm"
-        ),
-    }
-
-
-def _vllm(n: int, arm: dict[str, Any], variant: dict[str, Any], max_level: float) -> dict[str, Any]:
-    k = speculative_tokens("vllm", arm)
-    max_seqs = arm.get("max_num_seqs") or variant.get("max_num_seqs") or flag_value(_argv_of(arm), "--max-num-seqs")
-    upper = int(max_seqs) if max_seqs else max(1024, int(max_level))
-    out: dict[str, Any] = {"max_batch_size": upper, "num_speculative_tokens": k}
-    if k is None:
-        out["note"] = (
-            "num_speculative_tokens not found in the arm's server args: no schedule written; "
-            "use [[1, N, K], [N+1, max_num_seqs, 0]] with the arm's K"
-        )
-        return out
-    sched = threshold_schedule(n, k, upper)
-    cfg = vllm_speculative_config(_speculative_config(arm), None, sched if n > 0 else None)
-    cfg["num_speculative_tokens_per_batch_size"] = sched
-    out["num_speculative_tokens_per_batch_size"] = sched
-    out["speculative_config"] = cfg
-    out["cli"] = "--speculative-config " + shlex.quote(json.dumps(cfg, separators=(",", ":")))
-    out["note"] = (
-        "batch size is the number of running requests in a step; K=0 turns speculation off in that "
-        "range. Check the key against your vLLM version's SpeculativeConfig."
-    )
-    return out
-
-
-def _sglang(n: int) -> dict[str, Any]:
-    if n <= 0:
-        return {
-            "apply": [
-                {
-                    "how": "no_speculation",
-                    "what": "speculation is not shown to pay off at any measured load: serve the baseline",
-                }
-            ]
-        }
-    return {
-        "apply": [
-            {
-                "how": "router",
-                "what": (
-                    f"run a baseline deployment next to the speculative one; a router/gateway sends a request "
-                    f"to the speculative deployment while that keeps it at <= {n} running requests (it has "
-                    f"fewer than {n} before the request), otherwise to the baseline (SGLang cannot turn "
-                    f"speculation off by load)"
-                ),
-            },
-            {
-                "how": "cap_and_overflow",
-                "what": (
-                    f"start the speculative deployment with --max-running-requests {n} and send the overflow "
-                    f"to a baseline deployment, rather than letting requests queue inside the speculative one"
-                ),
-                "server_args": ["--max-running-requests", str(n)],
-            },
-        ],
-        "note": "some SGLang versions cap running requests at 48 under EAGLE unless --max-running-requests is set",
-    }
-
-
 def engine_policy(
     engine: str,
     threshold: int,
     arm: dict[str, Any] | None = None,
     variant: dict[str, Any] | None = None,
     max_level: float = 0.0,
+    schedule_file: str = "adaptive.json",
 ) -> dict[str, Any]:
-    """The engine-specific form of 'speculate while running requests <= threshold'."""
+    """The engine's form of 'speculate while running requests <= threshold' for one measured arm: the schedule
+    [[1, N, K], [N+1, max, 0]] with the K this arm was measured at (its `draft_length`, else its flags), written
+    in the same flags as the servers the sweep starts (engines.speculation.apply_text): the one home that keeps
+    what was measured what is recommended. One K over the whole range (N at or above the largest batch: the arm
+    itself; N = 0: the baseline) is the static flag. `arm`: the arm's config with its merged `server_args`."""
     arm, variant = arm or {}, variant or {}
-    if engine == "vllm":
-        return _vllm(threshold, arm, variant, max_level)
-    if engine == "sglang":
-        return _sglang(threshold)
-    if engine == "sim":
-        return _sim(threshold, variant, max_level)
-    return {"note": f"engine {engine or 'unknown'}: threshold only"}
+    argv = [str(a) for a in arm.get("server_args") or []]
+    if engine not in ("vllm", "sglang", "sim"):
+        return {"note": f"engine {engine or 'unknown'}: threshold only"}
+    k = configured_k(engine, arm, argv, variant.get("profile"))
+    if k is None:
+        return {
+            "note": (
+                "the arm's draft length is unknown (no draft_length, and none in its server_args or the variant's "
+                "profile): no schedule written; set the arm's draft_length"
+            )
+        }
+    upper = batch_upper(engine, argv, max_level)
+    schedule = threshold_schedule(threshold, k, upper)
+    return {
+        "draft_length_measured": k,
+        "schedule": schedule,
+        "max_batch_size": upper,
+        **apply_text(engine, argv, schedule, schedule_file),
+    }
 
 
 def policy_document(
@@ -283,8 +175,10 @@ def policy_document(
     arms_cfg: dict[str, Any] | None = None,
     variant_cfg: dict[str, Any] | None = None,
     rule: str = "crossover_lower",
+    file_dir: str = "policy",
 ) -> dict[str, Any]:
-    """policy.yaml's content: one entry per speculative arm of crossover.json `result`."""
+    """policy.yaml's content: one entry per speculative arm of crossover.json `result` (an engine file such as
+    SGLang's adaptive config named in `file_dir`, written by the caller)."""
     arms_cfg = arms_cfg or {}
     doc: dict[str, Any] = {
         "experiment": result.get("experiment"),
@@ -331,7 +225,14 @@ def policy_document(
                 "speculation loses at low load and wins higher up on this stack: a "
                 "'speculate <= N' policy cannot express that; see crossover.json"
             )
-        entry[engine or "engine"] = engine_policy(engine, t["threshold"], arms_cfg.get(name), variant_cfg, max_level)
+        entry[engine or "engine"] = engine_policy(
+            engine,
+            t["threshold"],
+            arms_cfg.get(name),
+            variant_cfg,
+            max_level,
+            schedule_file=f"{file_dir}/{name}.threshold.sglang-adaptive.json",
+        )
         doc["arms"][name] = entry
     return doc
 

@@ -14,7 +14,7 @@ from specsweep.analysis.schedule import derive_schedules
 from specsweep.analysis.table import table_csv
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
-from specsweep.io import atomic_write_text, read_json
+from specsweep.io import atomic_write_json, atomic_write_text, read_json
 from specsweep.records import Crossover, check
 
 __all__ = ["report_variant", "server_args"]
@@ -54,7 +54,11 @@ def report_variant(
     result["policy_rule"] = settings.policy_rule
     out: Path = out_dir
     arms_cfg = {a: server_args(config, variant, a) for a in spec_arms}
-    policy = policy_document(result, engine, arms_cfg, variant_cfg, settings.policy_rule)
+    policy = policy_document(result, engine, arms_cfg, variant_cfg, settings.policy_rule, str(out / "policy"))
+    for entry in policy["arms"].values():  # the engine files policy.yaml names (SGLang's adaptive config)
+        form = entry.get(engine) or {}
+        if form.get("adaptive_config_file") and form.get("adaptive_config") is not None:
+            atomic_write_json(form["adaptive_config_file"], form["adaptive_config"])
     result["policy"] = {
         a: {"threshold": p["threshold"], "rule": p["rule"], "verdict": p["verdict"]} for a, p in policy["arms"].items()
     }

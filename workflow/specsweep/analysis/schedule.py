@@ -30,7 +30,13 @@ from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import best_fixed
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
-from specsweep.engines.speculation import batch_upper, configured_k, sglang_adaptive_config, threshold_schedule
+from specsweep.engines.speculation import (
+    batch_upper,
+    configured_k,
+    sglang_adaptive_config,
+    static_k,
+    threshold_schedule,
+)
 from specsweep.io import atomic_write_json
 
 __all__ = [
@@ -178,7 +184,8 @@ def derive_schedules(
         if override:
             entry.update(derived=entry.get("schedule"), schedule=[list(map(int, e)) for e in override])
             entry["rule"] = "given in the config (policy.schedules)"
-        if engine == "sglang" and entry.get("schedule") and file_dir is not None:
+        entry["served_by"] = served_by(entry.get("schedule"), members, result["baseline_arm"])
+        if engine == "sglang" and entry.get("schedule") and entry["served_by"] is None and file_dir is not None:
             _, unreachable = sglang_adaptive_config(entry["schedule"])
             path = file_dir / f"{family}.sglang-adaptive.json"
             entry.update(file=str(path), approximate=bool(unreachable), unreachable_ranges=unreachable)
@@ -196,13 +203,25 @@ def derive_schedules(
     return doc
 
 
+def served_by(schedule: list[list[int]] | None, members: dict[str, int], baseline: str) -> str | None:
+    """The fixed arm that serves `schedule` as it is: one K over the whole range is that K's arm with its static
+    flag (K=0: the baseline server, no speculative configuration at all); None for a schedule that switches K
+    (served by a policy arm of its own) or for no schedule."""
+    k = static_k(schedule) if schedule else None
+    if k is None:
+        return None
+    if k == 0:
+        return baseline
+    return next((name for name, mk in members.items() if mk == k), None)
+
+
 def write_engine_files(doc: dict[str, Any]) -> None:
     """The files an engine reads its schedule from (SGLang's adaptive config), written from schedule.json
     whether the schedule was just derived or kept, so a lost file comes back with the schedule job."""
     if doc.get("engine") != "sglang":
         return
     for entry in doc["families"].values():
-        if entry.get("schedule") and entry.get("file"):
+        if entry.get("schedule") and entry.get("file") and not entry.get("served_by"):
             atomic_write_json(entry["file"], sglang_adaptive_config(entry["schedule"])[0])
 
 

@@ -64,6 +64,14 @@ def max_k(schedule: Schedule) -> int:
     return max(int(k) for _, _, k in schedule)
 
 
+def static_k(schedule: Schedule) -> int | None:
+    """The one K a schedule serves over its whole range, or None when it switches. A schedule of one K is what
+    a fixed arm serves with the static flag (K=0: the baseline server itself): no per-batch-size path, and no
+    policy server to measure, its proof being that arm's own cells."""
+    ks = {int(k) for _, _, k in schedule}
+    return ks.pop() if len(ks) == 1 else None
+
+
 # ---- vLLM --------------------------------------------------------------------------------------------------
 
 
@@ -169,8 +177,47 @@ def sim_args(arm: dict[str, Any]) -> list[str]:
 # ---- what to paste ---------------------------------------------------------------------------------------
 
 
+def static_text(engine: str, argv: list[str], k: int) -> dict[str, Any]:
+    """policy.yaml's per-engine block for one K at every load: the fixed arm's own static flag, or for K=0 the
+    baseline's command without any speculative configuration (a K=0 range of a speculative server is not the
+    baseline server: it still runs the speculative path; vLLM issue 49548 measured it slower)."""
+    if k == 0:
+        plain = {
+            "vllm": lambda: without_flag(argv, "--speculative-config", takes_value=True),
+            "sglang": lambda: without_speculation(argv),
+        }.get(engine)
+        out: dict[str, Any] = {"static": True, "draft_length": 0}
+        if plain is not None:
+            out["server_args"] = plain()
+        out["note"] = (
+            "no drafting at any measured load: serve plain decoding, the baseline arm's command (what the sweep "
+            "measured), with no speculative configuration at all"
+        )
+        return out
+    arm = {"draft_length": k}
+    out = {"static": True, "draft_length": k}
+    if engine == "vllm":
+        raw = flag_value(argv, "--speculative-config")
+        cfg = {key: v for key, v in json.loads(raw or "{}").items() if key != "num_speculative_tokens_per_batch_size"}
+        cfg = vllm_speculative_config(cfg, k, None)
+        out.update(speculative_config=cfg, cli="--speculative-config " + shlex.quote(compact_json(cfg)))
+    elif engine == "sglang":
+        out["server_args"] = sglang_args(argv, arm)
+    elif engine == "sim":
+        out["server_args"] = sim_args(arm)
+    out["note"] = (
+        f"one draft length (K={k}) over the whole measured range: the static flag, the fixed arm's own setting "
+        "(what the sweep measured), no per-batch-size path"
+    )
+    return out
+
+
 def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: str) -> dict[str, Any]:
-    """policy.yaml's per-engine block: the exact flags (and file) that serve `schedule` on this arm."""
+    """policy.yaml's per-engine block: the exact flags (and file) that serve `schedule` on this arm; a schedule
+    of one K is served by the static flag (`static_text`)."""
+    k = static_k(schedule)
+    if k is not None:
+        return static_text(engine, argv, k)
     arm = {"schedule": schedule, "schedule_file": schedule_file}
     if engine == "vllm":
         cfg = json.loads(flag_value(vllm_args(argv, arm), "--speculative-config") or "{}")
@@ -178,11 +225,6 @@ def apply_text(engine: str, argv: list[str], schedule: Schedule, schedule_file: 
             "speculative_config": cfg,
             "cli": "--speculative-config " + shlex.quote(compact_json(cfg)),
             "note": "vLLM switches K each step by the number of running requests; K=0 turns drafting off",
-        }
-    if engine == "sglang" and max_k(schedule) == 0:
-        return {
-            "server_args": without_speculation(argv),
-            "note": "no drafting at any load: serve plain decoding, the baseline's command (what the sweep measured)",
         }
     if engine == "sglang":
         cfg, unreachable = sglang_adaptive_config(schedule)

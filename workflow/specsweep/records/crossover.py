@@ -86,6 +86,13 @@ class Schedule(Record):
     reason: str = Field(description="K per level in words, or why no schedule was derived")
     rule: str | None = Field(None, description="how K was chosen per level (absent: not derived)")
     per_level: list[dict[str, Any]] | None = Field(None, description="the candidates per level (absent: not derived)")
+    served_by: str | None = Field(
+        None,
+        description=(
+            "the fixed arm whose static setting serves a schedule of one K over the whole range (K=0: the baseline), "
+            "its cells the schedule's measurement, no policy server started; null: the schedule switches K"
+        ),
+    )
 
 
 class Proof(Record):

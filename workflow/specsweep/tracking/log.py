@@ -16,7 +16,7 @@ from specsweep.io import atomic_write_json, read_json
 from specsweep.measure.summary import cell_level, cell_step, read_judged, read_summary
 from specsweep.records import CROSSOVER_FIX, Crossover, read
 from specsweep.redact import redact_text, redact_uri
-from specsweep.tracking.notes import cell_note, crossover_note, sweep_note
+from specsweep.tracking.notes import cell_note, crossover_note, proof_status, sweep_note
 from specsweep.tracking.payloads import (
     RUN_COLOR_TAG,
     cell_metrics,
@@ -173,7 +173,8 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         ratios = [r["ratio"] for r in proof["per_level"] if finite_number(r.get("ratio")) is not None]
         flatten(
             proof["policy_arm"],
-            {"holds": float(bool(proof["holds"])), "failing_levels": float(len(proof["failing_levels"]))}
+            {"failing_levels": float(len(proof["failing_levels"]))}
+            | ({} if proof["holds"] is None else {"holds": float(bool(proof["holds"]))})
             | ({"policy_over_best_min": min(ratios)} if ratios else {}),
             metrics,
         )
@@ -192,7 +193,7 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         **verdict_tags(data),
         NOTE: crossover_note(data, variant, sweep_links, tracker.experiment_id),
     }
-    tags.update({f"{TAG}.policy.{f}": "holds" if p["holds"] else "fails" for f, p in proofs.items()})
+    tags.update({f"{TAG}.policy.{f}": proof_status(p) for f, p in proofs.items()})
     spans = [s.get("span_ms") or [None, None] for s in sweeps]
     start_ms = min((a for a, _ in spans if a is not None), default=None)
     end_ms = max((b for _, b in spans if b is not None), default=None)

@@ -85,7 +85,8 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
         lines.append(f"- **{arm}**: {cross}; {act}.")
     for proof in (data.get("policy_proof") or {}).values():
         if proof.get("per_level"):
-            status = "holds" if proof.get("holds") else f"FAILS at C={proof.get('failing_levels')}"
+            status = proof_status(proof)
+            status = f"FAILS at C={proof.get('failing_levels')}" if status == "fails" else status
             lines.append(
                 f"- **{proof['policy_arm']}** (serves the schedule): {status}; `policy_over_best` per C is its"
                 " throughput over the best fixed arm's."
@@ -96,3 +97,13 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
         )
         lines += ["", f"Sweeps: {links}."]
     return "\n".join(lines)
+
+
+def proof_status(proof: dict[str, Any]) -> str:
+    """A policy proof in one word: fails (a level below the margin), holds, not decided (a level straddles the
+    margin: more rounds decide it) or not judged; `holds` null is never read as a failure."""
+    if proof.get("failing_levels"):
+        return "fails"
+    if proof.get("holds"):
+        return "holds"
+    return "not decided" if proof.get("undecided_levels") else "not judged"

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from specsweep import config as ssconfig
+from specsweep.analysis.policy import engine_policy
+from specsweep.io import atomic_write_json
 from tests.conftest import REPO
 from tests.engine_args.conftest import SGLANG_RECIPE, run_check
 from tests.support.commands import commands_for_config, example_path
@@ -71,7 +73,28 @@ def sglang_commands(tmp: Path) -> dict[str, list[str]]:
     cmds.update({f"sub-arms:{k}": v for k, v in with_adaptive_files(live, tmp).items()})
     mixed = commands_for_config(kimi_with_sub_arms(), schedule=[[1, 4, 7], [5, 30, 3], [31, 256, 1]])
     cmds.update({f"schedule:{k}": v for k, v in with_adaptive_files(mixed, tmp).items() if k.endswith("-policy")})
+    cmds.update(policy_yaml_commands(tmp))
     return cmds
+
+
+def policy_yaml_commands(tmp: Path) -> dict[str, list[str]]:
+    """What policy.yaml tells a user to paste for SGLang (an arm's "speculate while running requests <= N" at the
+    K it was measured at, `analysis.policy.engine_policy`), on the K=3 sub-arm's command, with the adaptive
+    config file written where and as the analysis writes it (analysis/report.py): a threshold inside the range
+    (adaptive, a 0-step slot above N), one K everywhere (the static flags) and N = 0 (the baseline's flags)."""
+    live = commands_for_config(kimi_with_sub_arms())
+    out = {}
+    for name, cmd in live.items():
+        if not name.endswith("/eagle3-k3"):
+            continue
+        arm = {"server_args": engine_argv(cmd["argv"]), "draft_length": 3}
+        for n in (16, 100_000, 0):
+            file = tmp / f"{name.replace('/', '.')}.threshold-{n}.json"
+            form = engine_policy("sglang", n, arm, {}, 250, schedule_file=str(file))
+            if form.get("adaptive_config") is not None:
+                atomic_write_json(form["adaptive_config_file"], form["adaptive_config"])
+            out[f"policy.yaml:{name}:N={n}"] = form["server_args"]
+    return out
 
 
 def problems(result: dict) -> list[str]:
@@ -88,6 +111,7 @@ def test_every_generated_sglang_command_parses(sglang_python: str, tmp_path: Pat
     cmds = sglang_commands(tmp_path)
     assert sum(k.startswith("golden:") for k in cmds) == 9  # 3 variants x (baseline, eagle3, eagle3-policy)
     assert any("-k7" in k for k in cmds) and any("schedule:" in k for k in cmds)
+    assert sum(k.startswith("policy.yaml:") for k in cmds) == 9  # 3 variants x (N=16, N=100000, N=0)
     out = run_check(sglang_python, "sglang_check.py", cmds)
     assert out["version"] == pinned(SGLANG_RECIPE)
     bad = {k: problems(r) for k, r in out["results"].items() if problems(r)}
@@ -104,8 +128,14 @@ def test_every_generated_sglang_command_parses(sglang_python: str, tmp_path: Pat
     for k, f in fields.items():
         fused = "cu130-fusion/" in k
         assert (f["flashinfer_allreduce_fusion_backend"] == "auto") == fused, (k, f)
-        if k.endswith("-policy"):
+        if k.endswith("-policy") or k.endswith("N=16"):
             assert f["speculative_adaptive"] is True and f["speculative_eagle_topk"] == 1, (k, f)
+        if k.startswith("policy.yaml:"):  # the threshold's forms: adaptive with a 0-step slot, static K=3, plain
+            n = k.rsplit("N=", 1)[1]
+            assert f["speculative_adaptive"] is (n == "16"), (k, f)
+            assert f["speculative_algorithm"] == (None if n == "0" else "EAGLE3"), (k, f)
+            assert n == "0" or f["speculative_num_steps"] == 3, (k, f)
+            continue
         if "-k" in k.rsplit("/", 1)[1]:
             k_value = int(k.rsplit("-k", 1)[1])
             assert f["speculative_num_steps"] == k_value and f["speculative_num_draft_tokens"] == k_value + 1

@@ -121,11 +121,16 @@ def test_every_instance_is_started_once_and_measured_in_counterbalanced_rounds(r
 
 def test_the_policy_pairs_with_the_best_arm_on_its_instances(runs: dict[int, Path]) -> None:
     """The policy level measures the policy's two instances beside the best fixed arm's two (reused from the
-    fixed levels, not started again); where it serves that arm's K the pair is an A/A one and the proof holds."""
+    fixed levels, not started again); where it serves that arm's K the pair is an A/A one: the proof never fails
+    there, and holds or, where the interval straddles 1 - margin, is not decided with the rounds that would decide
+    it (a CI run: ratios 1.006 [0.951, 1.063] and 1.010 [0.938, 1.077], ~10 and ~11 rounds)."""
     res = runs[2] / "results" / "instances"
     x = crossover(runs[2])
     proof = x["policy_proof"]["eagle3"]
-    assert proof["holds"] is True, proof
+    assert not proof["failing_levels"] and proof["holds"] is not False, proof
+    for row in proof["per_level"]:
+        assert row["status"] in ("holds", "better", "not decided"), row
+        assert (row["status"] == "not decided") == (row["rounds_to_decide"] is not None), row
     for c in LEVELS:
         summary = json.loads((res / "sim" / "eagle3-policy" / f"c{c}" / "summary.json").read_text())
         assert summary["pairing"]["instances"] == 2

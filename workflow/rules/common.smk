@@ -44,7 +44,7 @@ POLICY_ARMS = policy_arms(config)  # policy arm -> its family: serves the derive
 # measured so (a --cores 2 run here: 3 cells at 31%), and two variants' levels taking turns would restart their
 # servers at every turn. Builds, analysis and MLflow jobs run beside one another. The SLURM profile sets these rules'
 # threads back to 1 (set-threads: a cluster job is a host of its own, its CPUs the variant's slurm.cpus_per_task).
-MEASURE_THREADS = workflow.cores or 1
+MEASURE_THREADS = workflow.resource_settings.cores or 1  # (`workflow.cores` refuses a run without --cores: --report)
 LOAD_MODE = load_mode(config)  # closed (c<C> cells), open (r<rate>) or trace (t<time scale>)
 LEVELS = levels(config)
 BASELINE_ARM = config["analysis"]["baseline_arm"]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from specsweep.io import file_lock
 from specsweep.tracking.uri import (
     credentials_to_env,
     http_env,
@@ -26,7 +27,7 @@ LAYOUT = "layout-2"
 # What a store says when an insert meets a row another job inserted since its own lookup (PostgreSQL, SQLite, MySQL)
 UNIQUE_RACE = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed", "Duplicate entry")
 RACE_TRIES = 3  # calls of a write that may lose an insert race: the first and two after a lost race
-SCHEMA_LOCK_S = 600  # how long a process waits for another's schema set-up (MLflow's migrations take seconds)
+SCHEMA_LOCK_S = 600  # how long a PostgreSQL job waits for another's schema set-up (MLflow's migrations take seconds)
 SCHEMA_LOCK_KEY = 0x5BEC5EE9  # specsweep's PostgreSQL advisory lock around a fresh database's schema set-up
 
 
@@ -63,9 +64,7 @@ def schema_lock(uri: str) -> Iterator[None]:
     checkout and job that opens the file takes the same one); PostgreSQL: an advisory lock in the database
     itself, which holds across hosts. A tracking server creates its schema itself, before it answers."""
     if uri.startswith("sqlite:///"):
-        from filelock import FileLock
-
-        with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=SCHEMA_LOCK_S):
+        with file_lock(uri.removeprefix("sqlite:///") + ".lock"):
             yield
     elif is_postgresql_uri(uri):
         import sqlalchemy

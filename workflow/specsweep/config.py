@@ -701,6 +701,8 @@ def _common_cell_spec(
         "repeats": config["repeats"],
         "workload": config["workload"],
         "client": config["client"],
+        # interleaved levels measure until their answer is known (a change re-measures them)
+        **({"precision": config["precision"]} if pairing_mode(config, variant) == "interleaved" else {}),
     }
 
 

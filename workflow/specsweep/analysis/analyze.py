@@ -19,6 +19,7 @@ import numpy as np
 
 from specsweep.analysis.bootstrap import (
     METRICS,
+    THROUGHPUT,
     CellBootstrap,
     MetricSpec,
     bootstrap_cell,
@@ -29,6 +30,7 @@ from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
 from specsweep.analysis.outputs import output_match
 from specsweep.analysis.paired import PairedEstimate, paired_estimate, pairing_of
+from specsweep.analysis.precision import LevelPrecision, level_precision, precision_notes
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
 from specsweep.measure.heal import is_drift
@@ -508,6 +510,10 @@ def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
     return out if pe.instance_effect is None else {**out, "instance_effect": pe.instance_effect}
 
 
+def _as_dict(p: LevelPrecision | None) -> dict[str, Any] | None:
+    return p.as_dict() if p is not None else None
+
+
 def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     return {
         "arm": cell.arm,
@@ -595,6 +601,7 @@ def analyze_arm(
                 baseline_n_repeats=base_b[i].n_repeats.get(pname, 0),
                 spec_n_repeats=spec_b[i].n_repeats.get(pname, 0),
                 paired=_paired_entry(paired[pname][i]),
+                precision=_as_dict(level_precision(spec_cells[used[i]], paired[THROUGHPUT][i], settings.confidence)),
             )
         else:  # left out: its point values are still shown (flagged), without an interval
             pm = next(m for m in METRICS if m.name == settings.primary_metric)
@@ -663,7 +670,7 @@ def analyze_arm(
         within_only = counts == [1]
         interval_note = (
             f"interleaved arms on {'/'.join(map(str, counts))} server instances per arm: the speedup the mean "
-            "of the instances' paired rounds; where the rounds show an instance effect (F test, 5%), the interval "
+            "of the instances' paired rounds; where the rounds show an instance effect (F test, 25%), the interval "
             "is a t over the instances"
             + (
                 f" (at {sym}={levels_text(effect)}: more instances narrow it)"
@@ -677,11 +684,17 @@ def analyze_arm(
     elif pairs and len(pairs) == len(used):  # every level measured in interleaved blocks: the paired interval
         blocks = sorted({p["blocks"] for p in pairs})
         within_only = blocks == [1]
+        shown = f"{blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else str(blocks[0])
         interval_note = (
-            f"interleaved arms: {'/'.join(map(str, blocks))} round(s) of blocks per level, the speedup a paired t "
-            "over the rounds (each round's blocks of both arms)"
-            + ("; 1 block: intervals hold within-block noise only, use repeats >= 2" if within_only else "")
+            f"interleaved arms: {shown} round(s) of blocks per level, the speedup a paired t over the rounds "
+            "(each round's blocks of both arms)"
+            + (
+                "; 1 round: intervals hold within-block noise only, use precision.min_rounds >= 3"
+                if within_only
+                else ""
+            )
         )
+    verdict["notes"].extend(precision_notes(per_level, sym))
     return {
         "baseline_arm": baseline_arm,
         "spec_arm": spec_arm,

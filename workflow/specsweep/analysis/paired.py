@@ -6,15 +6,19 @@ level enters the rounds with alternating signs and cancels in the mean over an e
 number leaves one round's share of it); it is not removed from the d's spread, so it widens the interval instead
 of moving it. The interval is a t interval of that mean with the larger of two variances: the blocks' own sampling
 noise (each block's block bootstrap) and the spread of the d's over the rounds (drift, slow host periods and
-instance effects), with rounds - 1 degrees of freedom.
+instance effects), with rounds - 1 degrees of freedom either way. The blocks' noise is a floor, not an estimate
+of the rounds' variance: where a few rounds' spread came out below it by chance, the host's share is still
+unknown, and taking the blocks' many degrees of freedom then covered 53% instead of 95% (three rounds of a
+host-dominated level, benchmarks/precision_coverage.py). With one round, its blocks' noise is all there is.
 
 With several server instances per arm (`pairing.instances`), round r measured every arm on instance k(r), and the
 instance's own speed is in that round's d; the rounds of one instance share it, so they are not independent. The
 speedup is then the mean over instances of each instance's mean d. Where the rounds show an instance effect (an F
-test of the instances' means against the rounds' spread within them, at 5%), the interval is a t over the
+test of the instances' means against the rounds' spread within them, at 25%), the interval is a t over the
 instances' means (instances - 1 degrees of freedom: two instances that disagree give a wide interval, which is
 what they can tell); where they show none, the rounds are pooled as without instances (the "sometimes pool"
-rule of random-effects analysis), so instances that agree cost no width.
+rule of random-effects analysis, its pretest at 25% as Bozivich, Bancroft and Hartley recommend: at 5% it pooled
+instances that differed and covered 85-88% with two instances), so instances that agree cost no width.
 
 Why rounds and not each block against both its neighbouring blocks: that cancels a linear drift inside the d's,
 but blocks sharing both neighbours are one unit of spread, which leaves rounds / 2 - 1 degrees of freedom: on vLLM
@@ -35,7 +39,18 @@ from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 
 _MAX_LOG_DRAW = 30.0
-INSTANCE_EFFECT_ALPHA = 0.05  # an F test's level: the rounds show instances that differ beyond their own spread
+INSTANCE_EFFECT_ALPHA = 0.25  # the pretest of "sometimes pool" (module docstring)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """An interleaved level's rounds as the paired interval sees them: what the stopping rule
+    (`analysis/precision.py`) splits into variance components."""
+
+    d: np.ndarray  # each round's log ratio, oriented (> 0: the compared arm better)
+    within: np.ndarray  # each round's d variance from its two blocks' own sampling noise (NaN: unknown)
+    within_df: int  # degrees of freedom of the blocks' noise estimates, summed
+    instance: tuple[int, ...]  # the server instance each round ran on (all 1 without instances)
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,14 @@ class PairedEstimate:
     spread_dominates: bool  # the d's varied more than the blocks' own noise explains (drift or instances)
     unit: str = "round"  # what `pairs` counts: interleaved rounds, or server instances (segments, or interleaved)
     instance_effect: bool | None = None  # interleaved instances: the rounds showed one (its spread set the interval)
+    log_se: float = float("nan")  # the standard error of log(speedup) the t interval (df) rests on
+    rounds: Rounds | None = None  # interleaved: the rounds themselves
+
+    def half_width(self, confidence: float = 0.95) -> float:
+        """The interval's relative half-width, exp(t * se) - 1 (NaN where it has none)."""
+        if not np.isfinite(self.log_se) or self.df < 1:
+            return float("nan")
+        return math.expm1(float(sps.t.ppf(0.5 + confidence / 2, self.df)) * self.log_se)
 
 
 def pairing_of(cell: Cell) -> dict[str, Any] | None:
@@ -77,15 +100,19 @@ def round_instance(blocks: list[dict[str, Any]], arm: str) -> dict[int, int]:
     return {int(b["repeat"]): int(b.get("instance") or 1) for b in blocks if b["arm"] == arm}
 
 
-def _instances_estimate(
-    d: np.ndarray, on: list[int], within: float, df_within: int, n_boot: int, rng: np.random.Generator
-) -> PairedEstimate:
-    """Rounds' log ratios `d` grouped by the instance each round ran on: the mean of the instances' means. An
+def _draws(point: float, var: float, df: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
+    return np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
+
+
+def _instances_estimate(rounds: Rounds, within: float, n_boot: int, rng: np.random.Generator) -> PairedEstimate:
+    """Rounds' log ratios grouped by the instance each round ran on: the mean of the instances' means. An
     instance effect the rounds show (a one-way F test of the instances against the rounds within them, at
     INSTANCE_EFFECT_ALPHA) sets the variance: the instances' means' spread, instances - 1 degrees of freedom.
     Otherwise the rounds, which go through every instance, are pooled: their spread, rounds - 1 degrees of
     freedom, as without instances. One round per instance cannot tell instances from rounds: the instances'
     spread. The blocks' own sampling noise (`within`) is the floor of either."""
+    d, on = rounds.d, rounds.instance
     groups = [d[[i for i, k in enumerate(on) if k == inst]] for inst in sorted(set(on))]
     m, n = len(groups), d.size
     means = np.array([g.mean() for g in groups])
@@ -103,11 +130,50 @@ def _instances_estimate(
     else:
         var, df = float(np.var(d, ddof=1)) / n, n - 1
     dominated = True
-    if np.isfinite(within) and within > var and df_within >= 1:
-        var, df, dominated = within, df_within, False
-    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
-    reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
-    return PairedEstimate(math.exp(point), reps, m, int(df), dominated, unit="instance", instance_effect=effect)
+    if np.isfinite(within) and within > var and rounds.within_df >= 1:
+        var, dominated = within, False  # a floor: the degrees of freedom stay the spread's (module docstring)
+    return PairedEstimate(
+        math.exp(point),
+        _draws(point, var, df, n_boot, rng),
+        m,
+        int(df),
+        dominated,
+        unit="instance",
+        instance_effect=effect,
+        log_se=math.sqrt(var),
+        rounds=rounds,
+    )
+
+
+def paired_rounds(rounds: Rounds, n_boot: int, rng: np.random.Generator) -> PairedEstimate | None:
+    """The paired speedup from a level's rounds: a t over their mean d, with the larger of the rounds' spread
+    and the blocks' own noise (module docstring); the instances' estimate where rounds ran on several. None when
+    neither variance can be had (one round without its blocks' noise)."""
+    d = rounds.d
+    n = d.size
+    known = bool(np.all(np.isfinite(rounds.within)))
+    within = float(rounds.within.sum()) / n**2 if known else float("nan")  # mean(d)'s variance, 1/n each
+    if len(set(rounds.instance)) > 1:
+        return _instances_estimate(rounds, within, n_boot, rng)
+    spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
+    if n >= 2 and (not known or spread >= within):
+        var, df, dominated = spread, n - 1, True
+    elif n >= 2:  # the blocks' noise is a floor; the interval keeps the rounds' degrees of freedom
+        var, df, dominated = within, n - 1, False
+    elif known and rounds.within_df >= 1:  # one round: its blocks' noise only (the analysis says so)
+        var, df, dominated = within, rounds.within_df, False
+    else:
+        return None
+    point = float(np.mean(d))
+    return PairedEstimate(
+        math.exp(point),
+        _draws(point, var, df, n_boot, rng),
+        n,
+        int(df),
+        dominated,
+        log_se=math.sqrt(var),
+        rounds=rounds,
+    )
 
 
 def _instances(blocks: list[dict[str, Any]], arm: str) -> dict[int, list[int]]:
@@ -145,26 +211,11 @@ def paired_estimate(
         return None
     sign = 1.0 if higher_is_better else -1.0
     d = np.array([sign * (math.log(ov[r]) - math.log(bv[r])) for r in rounds])
-    n = d.size
-    # mean(d) from the blocks' own noise: each round's two blocks, 1/n each
     bvar, ovar = base_boot.repeat_log_var.get(name, {}), other_boot.repeat_log_var.get(name, {})
-    known = all(r in bvar and r in ovar for r in rounds)
-    within = sum(bvar[r][0] + ovar[r][0] for r in rounds) / n**2 if known else float("nan")
-    df_within = sum(bvar[r][1] + ovar[r][1] for r in rounds) if known else 0
+    within = np.array([bvar[r][0] + ovar[r][0] if r in bvar and r in ovar else np.nan for r in rounds])
+    within_df = sum(bvar[r][1] + ovar[r][1] for r in rounds if r in bvar and r in ovar)
     on = round_instance(pairing["blocks"], base.arm)
-    if len({on.get(r, 1) for r in rounds}) > 1:
-        return _instances_estimate(d, [on.get(r, 1) for r in rounds], within, int(df_within), n_boot, rng)
-    spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
-    if n >= 2 and (not known or spread >= within):
-        var, df, dominated = spread, n - 1, True
-    elif known and df_within >= 1:
-        var, df, dominated = within, df_within, False
-    else:
-        return None
-    point = float(np.mean(d))
-    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
-    reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
-    return PairedEstimate(math.exp(point), reps, n, int(df), dominated)
+    return paired_rounds(Rounds(d, within, int(within_df), tuple(on.get(r, 1) for r in rounds)), n_boot, rng)
 
 
 def _segments_estimate(
@@ -205,6 +256,12 @@ def _segments_estimate(
         var, df, dominated = noise, int(bdf + odf), False
     else:
         return None
-    draws = rng.standard_t(df, size=n_boot) * math.sqrt(var)
-    reps = np.exp(np.clip(point + draws, -_MAX_LOG_DRAW, _MAX_LOG_DRAW))
-    return PairedEstimate(math.exp(point), reps, int(om.size), df, dominated, unit="instance")
+    return PairedEstimate(
+        math.exp(point),
+        _draws(point, var, df, n_boot, rng),
+        int(om.size),
+        df,
+        dominated,
+        unit="instance",
+        log_se=math.sqrt(var),
+    )

@@ -122,9 +122,19 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "used": r["used"],
                     "same_output": (r.get("output_match") or {}).get("share"),
                     "valid": valid,
+                    "precision": r.get("precision"),
                 }
             )
     return rows
+
+
+def _precision_cell(p: dict[str, Any] | None) -> str:
+    """A level's rounds and the half-width it reached; `!` where it stopped short of its target."""
+    if not p:
+        return "-"
+    hw = f"{100 * p['half_width']:.1f}%" if p["half_width"] is not None else "-"
+    short = "!" if p["target"] is not None and not p["met"] else " "
+    return f"{p['rounds']:>3}  {hw:>6}{short}"
 
 
 def table_header(conf: int, unit: str, level: str = "C", extra: str = "") -> str:
@@ -156,12 +166,17 @@ def format_table(result: dict[str, Any]) -> str:
         unit = next(m.unit for m in METRICS if m.name == ar["primary_metric"])
         running = {r["level"]: r for r in (ar.get("running_requests") or {}).get("per_level") or []}
         extra = f" | {'running b / s':>13}" if running else ""
+        mine = [r for r in table_rows(result) if r["arm"] == name]
+        precise = any(r["precision"] for r in mine)
+        extra += f" | {'rounds  +-':>13}" if precise else ""
         lines.append(table_header(conf, unit, LEVEL_LABEL.get(result.get("load", "closed"), "C"), extra))
-        for r in (r for r in table_rows(result) if r["arm"] == name):
+        for r in mine:
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
             same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%"
             rr = running.get(r["concurrency"])
             shown = f" | {_fmt(rr['baseline'])} / {_fmt(rr['spec'])}".ljust(16) if rr else ""
+            if precise:
+                shown += f" | {_precision_cell(r['precision']):>13}"
             lines.append(
                 f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
                 f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24}{shown} | {same:>11} | {r['valid']}"
@@ -250,8 +265,13 @@ def table_csv(result: dict[str, Any]) -> str:
         "used",
         "same_output",
         "valid",
+        "rounds",
+        "half_width",
+        "target",
     ]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
-    w.writerows(rows)
+    for r in rows:
+        p = r.pop("precision") or {}
+        w.writerow({**r, "rounds": p.get("rounds"), "half_width": p.get("half_width"), "target": p.get("target")})
     return buf.getvalue()

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from specsweep.analysis.precision import LevelRule, PrecisionSettings
 from specsweep.measure.cell import CellError
 from specsweep.measure.interleave import out_dirs, run_level
 from specsweep.redact import MissingAPIKey
@@ -31,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
     specs = json.loads(text)
+    first = next(iter(specs.values()), {})
+    precision = first.get("precision")
+    instances = int(first.get("pairing", {}).get("instances") or 1)
+    rule = LevelRule(PrecisionSettings.from_config(precision, instances)) if precision else None
     try:
         out = run_level(
             specs,
@@ -39,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             args.state_dir,
             args.server_log_dir,
             args.startup_timeout_s,
+            rule,
         )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"interleaved level failed: {e}", file=sys.stderr)

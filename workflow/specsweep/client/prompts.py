@@ -74,6 +74,24 @@ class PromptSet:
     def sha256(self) -> str:
         return prompt_set_hash(self.prompts, self.output_tokens, self.messages)
 
+    def head(self, n: int) -> PromptSet:
+        """The set's first n prompts: a round that measured fewer requests than its set holds (the stopping
+        rule builds each round's set for the largest block it may grow to)."""
+        if n >= len(self.prompts):
+            return self
+
+        def cut(x: list[Any] | None) -> list[Any] | None:
+            return None if x is None else x[:n]
+
+        return replace(
+            self,
+            prompts=self.prompts[:n],
+            input_tokens=self.input_tokens[:n],
+            output_tokens=self.output_tokens[:n],
+            messages=cut(self.messages),
+            templated=cut(self.templated),
+        )
+
     def request(self, i: int, chat: bool) -> str | Messages:
         """What request i sends: text (templated where a chat template was applied here), or, to a chat
         endpoint, the entry's messages (a plain prompt goes as one user message: `RequestSpec.payload`)."""

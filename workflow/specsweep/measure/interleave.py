@@ -22,12 +22,16 @@ summary: the order, each block's arm, repeat and wall-clock times.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 import uuid
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import pandas as pd
 
 from specsweep.client.cpu import pinned
 from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
@@ -80,15 +84,16 @@ def check_specs(specs: dict[str, dict[str, Any]]) -> tuple[int, int, int]:
             s["repeats"],
             s.get("load", {}).get("mode", "closed"),
             int(s.get("pairing", {}).get("instances") or 1),
+            json.dumps(s.get("precision"), sort_keys=True),
         )
         for s in specs.values()
     }
     if len(levels) != 1:
         raise CellError(
-            "the arms of an interleaved level differ in concurrency, repeats, load or server instances: "
+            "the arms of an interleaved level differ in concurrency, repeats, load, server instances or precision: "
             f"{sorted(levels)}"
         )
-    concurrency, repeats, mode, instances = levels.pop()
+    concurrency, repeats, mode, instances, _ = levels.pop()
     if mode != "closed":
         raise CellError(
             f"interleaved arms measure closed-loop levels only (load.mode is {mode}); set pairing.mode: sequential"
@@ -110,28 +115,81 @@ def instance_cells(cells: dict[str, PreparedCell], instances: int) -> dict[str, 
     return out
 
 
+@dataclass(frozen=True)
+class LevelProgress:
+    """What the stopping rule sees after each round: every arm's records and level summary so far (their
+    `pairing` blocks included), and what each round cost."""
+
+    concurrency: int
+    reference_arm: str
+    frames: dict[str, pd.DataFrame]
+    summaries: dict[str, dict[str, Any]]
+    round_s: list[float]  # every arm's blocks of the round, end to end
+    round_requests: list[int]  # measured requests per block
+    round_overhead_s: list[float]  # the round's seconds besides its measured requests (warm-up, ramp, probes)
+    growth: int  # the last round's requests per block over the configured ones
+    max_growth: int  # the largest it may take (precision.max_block_growth, within workload.requests.max)
+
+
+class RoundDecision(Protocol):
+    stop: bool
+    reason: str
+    growth: int
+
+
+RoundRule = Callable[[LevelProgress], RoundDecision]
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How many rounds a level measures: `fixed` of them, or until `rule` stops it (at most `max_rounds`, blocks
+    at most `max_growth` x the configured requests)."""
+
+    fixed: int
+    rule: RoundRule | None = None
+    max_rounds: int = 0
+    max_growth: int = 1
+    target: float | None = None
+
+
+@dataclass
+class _Measured:
+    results: dict[str, LevelResult]
+    inputs: dict[str, LevelInputs]
+    infos: dict[str, Any]
+    blocks: list[dict[str, Any]]
+    level_s: dict[str, float]
+    precision: dict[str, Any] | None
+
+
+def _used_inputs(inp: LevelInputs, sizes: list[int]) -> LevelInputs:
+    """The arm's inputs as measured: each round's prompt set cut to the requests it sent."""
+    sets = [inp.prompts.repeats[r].head(n) for r, n in enumerate(sizes)]
+    return replace(inp, prompts=LevelPrompts(inp.prompts.warmup, sets, inp.prompts.unique))
+
+
 async def _measure_blocks(
     cells: dict[str, PreparedCell],
     recs: dict[str, servers.ServerRecord],
-    order: list[list[str]],
-    on_instance: list[int],
+    rounds: Rounds,
+    instances: int,
     concurrency: int,
-) -> tuple[dict[str, LevelResult], dict[str, LevelInputs], dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    pairing: dict[str, Any],
+) -> _Measured:
     arms = list(cells)
-    instances = max(on_instance)
     inputs: dict[str, LevelInputs] = {}
     infos: dict[str, Any] = {}
+    n_sets = rounds.max_rounds if rounds.rule is not None else rounds.fixed
     for arm, cell in cells.items():  # every server runs here: prompts may be tokenized by the server
         first = recs[slot_of(arm, 1, instances)]
         url = first.base_url
-        inputs[arm] = await level_inputs(
-            cell.spec,
-            cell.make_spec(first.port),
-            url,
-            cell.api_key,
-            cell.tokenizer_path,
-            cell.dataset,
-            cell.render,
+        # one prompt set per round the level may measure, each as long as its largest block
+        spec = {**cell.spec, "repeats": n_sets, "n_requests": cell.spec["n_requests"] * rounds.max_growth}
+        inputs[arm] = replace(
+            await level_inputs(
+                spec, cell.make_spec(first.port), url, cell.api_key, cell.tokenizer_path, cell.dataset, cell.render
+            ),
+            n_requests=cell.spec["n_requests"],
         )
         async with new_session(1) as session:
             infos[arm] = await cell.engine.server_info(session, url)
@@ -139,9 +197,30 @@ async def _measure_blocks(
     warmup_errors = dict.fromkeys(arms, 0)
     level_s = dict.fromkeys(arms, 0.0)
     blocks: list[dict[str, Any]] = []
-    for r, round_arms in enumerate(order):
-        k = on_instance[r]
-        for arm in round_arms:
+    round_s: list[float] = []
+    sizes: list[int] = []
+    overheads: list[float] = []
+    decisions: list[str] = []
+    growth, r = 1, 0
+    ramp = concurrency if cells[arms[0]].spec["workload"]["stagger"] else 0
+
+    def level_results() -> dict[str, LevelResult]:
+        return {
+            arm: LevelResult(
+                concurrency=concurrency,
+                n_requests=inputs[arm].n_requests,
+                repeats=repeats[arm],
+                warmup_errors=warmup_errors[arm],
+                stagger=cells[arm].spec["workload"]["stagger"],
+            )
+            for arm in arms
+        }
+
+    while r < n_sets:
+        k = round_instances(r + 1, instances)[r]
+        n = inputs[arms[0]].n_requests * growth
+        started_round, overhead = time.monotonic(), 0.0
+        for arm in block_order(arms, r + 1)[r]:
             measured = slot_of(arm, k, instances)
             for slot, rec in recs.items():
                 if slot != measured:
@@ -149,13 +228,13 @@ async def _measure_blocks(
             servers.thaw(recs[measured])
             cell, inp = cells[arm], inputs[arm]
             workload = cell.spec["workload"]
-            one = LevelPrompts(inp.prompts.warmup, [inp.prompts.repeats[r]], inp.prompts.unique)
+            one = LevelPrompts(inp.prompts.warmup, [inp.prompts.repeats[r].head(n + ramp)], inp.prompts.unique)
             start_unix, started = time.time(), time.monotonic()
             async with new_session(concurrency) as session:
                 level = await measure_level(
                     replace(inp.req, url=recs[measured].base_url),  # the round's instance
                     concurrency,
-                    inp.n_requests,
+                    n,
                     one,
                     fixed_output_tokens(workload["output_tokens"]),
                     # before every block: a server resumed after others' blocks is cold (vLLM CPU ran its first
@@ -174,62 +253,96 @@ async def _measure_blocks(
             rep.repeat = r
             repeats[arm].append(rep)
             warmup_errors[arm] += level.warmup_errors
-            level_s[arm] += time.monotonic() - started
+            block_s = time.monotonic() - started
+            level_s[arm] += block_s
+            overhead += max(0.0, block_s - float(rep.client.get("wall_s") or 0.0) * n / (n + ramp))
             block = {"arm": arm, "repeat": r, "start_unix": start_unix, "end_unix": time.time()}
             blocks.append({**block, "instance": k} if instances > 1 else block)
+        round_s.append(time.monotonic() - started_round)
+        sizes.append(n)
+        overheads.append(overhead)
+        r += 1
+        if rounds.rule is None:
+            continue
+        for rec in recs.values():  # the rule's bootstrap runs on this host: no server beside it
+            servers.freeze(rec)
+        results = level_results()
+        used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
+        summaries = {}
+        for arm, cell in cells.items():
+            summaries[arm] = level_summary_of(
+                cell.spec, results[arm], used[arm], cell.plan, infos[arm], cell.dataset, 0.0
+            )
+            summaries[arm]["pairing"] = {**pairing, "blocks": blocks}
+        decision = rounds.rule(
+            LevelProgress(
+                concurrency,
+                arms[0],
+                {arm: results[arm].records for arm in arms},
+                summaries,
+                list(round_s),
+                list(sizes),
+                list(overheads),
+                growth,
+                rounds.max_growth,
+            )
+        )
+        decisions.append(decision.reason)
+        if decision.stop:
+            break
+        growth = min(decision.growth, rounds.max_growth)
     for rec in recs.values():
         servers.thaw(rec)
-    results = {
-        arm: LevelResult(
-            concurrency=concurrency,
-            n_requests=inputs[arm].n_requests,
-            repeats=repeats[arm],
-            warmup_errors=warmup_errors[arm],
-            stagger=cells[arm].spec["workload"]["stagger"],
-        )
-        for arm in arms
-    }
-    return results, inputs, infos, blocks, level_s
+    precision = None
+    if rounds.rule is not None:
+        precision = {
+            "target": rounds.target,
+            "rounds": r,
+            "block_requests": sizes,
+            "round_s": round_s,
+            "round_overhead_s": overheads,
+            "decisions": decisions,
+        }
+    used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
+    return _Measured(level_results(), used, infos, blocks, level_s, precision)
 
 
 def _measure_once(
     cells: dict[str, PreparedCell],
     state_dir: Path,
     server_log_dir: Path,
-    rounds: int,
+    rounds: Rounds,
     instances: int,
     concurrency: int,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """One attempt at the level: every arm's records and summary (unwritten)."""
     first = next(iter(cells.values()))
-    order = block_order(list(cells), rounds)
-    on_instance = round_instances(rounds, instances)
     slots = instance_cells(cells, instances)
     labels = {slot: c.label for slot, c in slots.items()}
     logs = {slot: server_log_dir / f"{c.spec['variant_name']}.{slot}.log" for slot, c in slots.items()}
     makers = {slot: c.make_spec for slot, c in slots.items()}
-    t_ask = time.monotonic()
-    with servers.acquire_group(state_dir, makers, first.host, first.variant.get("port"), labels, logs) as recs:
-        ready_s = time.monotonic() - t_ask
-        with pinned(first.plan.client):
-            results, inputs, infos, blocks, level_s = asyncio.run(
-                _measure_blocks(cells, recs, order, on_instance, concurrency)
-            )
-    pairing = {
+    pairing: dict[str, Any] = {
         "mode": "interleaved",
         "id": uuid.uuid4().hex[:12],  # the arms' cells of one level job carry the same id: they pair
         "arms": list(cells),
         "reference_arm": next(iter(cells)),
-        "order": order,
-        "blocks": blocks,
         "idle_servers": "frozen",
     }
+    t_ask = time.monotonic()
+    with servers.acquire_group(state_dir, makers, first.host, first.variant.get("port"), labels, logs) as recs:
+        ready_s = time.monotonic() - t_ask
+        with pinned(first.plan.client):
+            m = asyncio.run(_measure_blocks(cells, recs, rounds, instances, concurrency, pairing))
+    n_rounds = len({b["repeat"] for b in m.blocks})
+    pairing = {**pairing, "order": block_order(list(cells), n_rounds), "blocks": m.blocks}
     if instances > 1:
         pairing["instances"] = instances
+    if m.precision is not None:
+        pairing["precision"] = m.precision
     records, summaries = {}, {}
     for arm, cell in cells.items():
-        summary = level_summary_of(cell.spec, results[arm], inputs[arm], cell.plan, infos[arm], cell.dataset, 0.0)
-        summary["level_s"] = level_s[arm]
+        summary = level_summary_of(cell.spec, m.results[arm], m.inputs[arm], cell.plan, m.infos[arm], cell.dataset, 0.0)
+        summary["level_s"] = m.level_s[arm]
         summary["pairing"] = pairing
         first_slot = slot_of(arm, 1, instances)
         rec = recs[first_slot]
@@ -243,8 +356,23 @@ def _measure_once(
                 }
                 for k in range(1, instances + 1)
             ]
-        records[arm] = results[arm].records
+        records[arm] = m.results[arm].records
     return records, summaries
+
+
+def level_rounds(spec: dict[str, Any], repeats: int, rule: RoundRule | None) -> Rounds:
+    """The level's rounds: `repeats` without a precision target; with one, until `rule` stops it, blocks
+    growing at most to precision.max_block_growth x the configured requests and never past workload.requests.max
+    (a level already at its cap does not grow)."""
+    precision = spec.get("precision") or {}
+    if precision.get("target") is None:
+        return Rounds(repeats)
+    if rule is None:
+        raise CellError("a level with a precision target needs the stopping rule (specsweep paired-level passes it)")
+    cap = spec["workload"]["requests"].get("max")
+    room = int(cap) // int(spec["n_requests"]) if cap else int(precision["max_block_growth"])
+    growth = max(1, min(int(precision["max_block_growth"]), room))
+    return Rounds(repeats, rule, int(precision["max_rounds"]), growth, float(precision["target"]))
 
 
 def run_level(
@@ -254,15 +382,20 @@ def run_level(
     state_dir: Path,
     server_log_dir: Path,
     startup_timeout_s: float | None = None,
+    rule: RoundRule | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
     arm's cell into `out_dirs[arm]`; returns arm -> summary.
+
+    With a precision target in the specs, `rule` (`analysis.precision.LevelRule`) is asked after every round
+    whether the level's answer is known; without one, the level measures `repeats` rounds.
 
     The level heals as a cell does (`specsweep.measure.heal`): an attempt in which a cell is invalid for transient
     causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
     whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
     attempt counts and why the others did not."""
-    concurrency, rounds, instances = check_specs(specs)
+    concurrency, repeats, instances = check_specs(specs)
+    rounds = level_rounds(next(iter(specs.values())), repeats, rule)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
     gates, attempts = heal.judge_settings()
     judging = gates or defaults("gates")

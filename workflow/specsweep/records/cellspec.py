@@ -22,6 +22,16 @@ class CellPairing(Record):
     )
 
 
+class CellPrecision(Record):
+    """An interleaved level's stopping rule (`precision:` in the config)."""
+
+    target: float | None = Field(description="the paired speedup's 95% half-width to reach (null: `repeats` rounds)")
+    min_rounds: int = Field(ge=3, description="rounds before the rule may stop")
+    max_rounds: int = Field(ge=3, description="the budget in rounds")
+    max_level_s: float | None = Field(description="the budget in seconds of measuring (null: rounds only)")
+    max_block_growth: int = Field(ge=1, description="the largest block, in configured blocks")
+
+
 class CellLoad(Record):
     """An open or trace cell's slice of `load:`."""
 
@@ -39,7 +49,8 @@ class CellSpec(Record):
     arm_name: str = Field(description="the cell's arm (its folder)")
     arm: dict[str, Any] = Field(description="the arm's config; a policy arm's holds the schedule it serves")
     pairing: CellPairing = Field(description="alone or interleaved")
-    repeats: int = Field(ge=1, description="closed-loop repeats, or interleaved rounds")
+    repeats: int = Field(ge=1, description="closed-loop repeats, or interleaved rounds without a precision target")
+    precision: CellPrecision | None = Field(None, description="interleaved levels: the stopping rule")
     workload: dict[str, Any] = Field(description="the config's workload block")
     client: dict[str, Any] = Field(description="the config's client block")
     concurrency: int = Field(ge=1, description="C (open and trace: the in-flight cap)")

@@ -13,6 +13,23 @@ from specsweep.records.base import Record
 CROSSOVER_SCHEMA_VERSION = 1
 
 
+class LevelPrecision(Record):
+    """How precise a level's paired speedup came out (`analysis/precision.py`); the variances are of one round's
+    log ratio."""
+
+    target: float | None = Field(description="the 95% half-width it was measured to (null: fixed rounds)")
+    half_width: float | None = Field(description="the 95% interval's relative half-width reached (null: none)")
+    met: bool = Field(description="half_width <= target")
+    budget_spent: bool = Field(description="stopped by its budget (max_rounds, max_level_s) short of the target")
+    rounds: int = Field(description="rounds the interval rests on")
+    requests: int | None = Field(description="measured requests per arm, every round (null: fixed rounds)")
+    block_growth: int = Field(description="the last round's requests per block over the configured ones")
+    within_round_var: float | None = Field(description="the blocks' own noise (prompts drawn, requests' spread)")
+    between_round_var: float | None = Field(description="the rounds' spread beyond it (the host over time)")
+    between_instance_var: float | None = Field(description="the server instances' own (null: one instance)")
+    rounds_for_target: int | None = Field(description="rounds its variance implies for the target")
+
+
 class LevelRow(Record):
     """One level of an arm against the baseline."""
 
@@ -31,6 +48,7 @@ class LevelRow(Record):
         None, description="share of compared requests whose outputs are the same (null: never compared)"
     )
     paired: dict[str, Any] | None = Field(None, description="rounds or instances the paired interval rests on")
+    precision: LevelPrecision | None = Field(None, description="interleaved levels: the interval's precision")
 
 
 class Verdict(Record):

@@ -147,6 +147,17 @@ class Block(Record):
     instance: int | None = Field(None, description="pairing.instances > 1: the arm's server instance (1, 2, ...)")
 
 
+class RoundLog(Record):
+    """How an interleaved level with a precision target went, round by round (`analysis/precision.py`)."""
+
+    target: float = Field(description="the paired speedup's 95% half-width the level was measured to (relative)")
+    rounds: int = Field(description="rounds measured")
+    block_requests: list[int] = Field(description="each round's measured requests per block (blocks grow)")
+    round_s: list[float] = Field(description="each round's seconds, every arm's blocks")
+    round_overhead_s: list[float] = Field(description="each round's seconds besides its measured requests")
+    decisions: list[str] = Field(description="the rule's answer after each round from the first it was asked")
+
+
 class Pairing(Record):
     """How the arms of a level were measured together (docs/analysis.md, paired intervals)."""
 
@@ -158,6 +169,7 @@ class Pairing(Record):
     reference_arm: str | None = Field(None, description="the arm the others are compared with")
     blocks: list[Block] = Field(description="each block: arm, repeat, when it ran")
     instances: int | None = Field(None, description="server instances per arm, where more than one")
+    precision: RoundLog | None = Field(None, description="measured until its answer was known: the rounds' log")
 
 
 class AttemptLog(Record):

@@ -66,6 +66,10 @@ def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
     flatten("", metrics, out)
     out = {k: v for k, v in out.items() if ".histogram." not in k}
     out["valid"] = float(bool(summary["validity"]["valid"]))
+    rounds = (summary.get("pairing") or {}).get("precision")
+    if rounds:  # measured until its answer was known: what the level spent
+        out["rounds"] = float(rounds["rounds"])
+        out["rounds_requests_per_block_max"] = float(max(rounds["block_requests"]))
     return out
 
 
@@ -174,6 +178,11 @@ def curves(data: dict[str, Any]) -> list[Any]:
                 v = finite_number(r.get(key)) if r.get("used") else None
                 if v is not None:
                     out.append(Metric(f"{arm_name}.{key}", v, now, level_step(r["concurrency"], load)))
+            # how precise each level came out (analysis/precision.py): half-width, rounds, variance components
+            for key, v in (r.get("precision") or {}).items():
+                number = float(v) if isinstance(v, bool) else finite_number(v)
+                if number is not None:
+                    out.append(Metric(f"{arm_name}.precision.{key}", number, now, level_step(r["concurrency"], load)))
     for proof in (data.get("policy_proof") or {}).values():
         for r in proof.get("per_level") or []:
             for key in ("ratio", "ratio_lo", "ratio_hi"):

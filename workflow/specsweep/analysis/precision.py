@@ -1,0 +1,307 @@
+"""Is a level's answer known, and what next: another round, a larger block, or stop?
+
+The stopping rule that `measure/interleave.py` asks between rounds, and the record of how precise each level's
+paired speedup came out (crossover.json, the table, MLflow). Both read the same paired interval
+(`analysis/paired.py`), so the half-width a level stops on is the one it reports.
+
+The rule is a fixed-width sequential interval (Chow and Robbins, 1965): after `min_rounds` rounds (at least 3,
+so the rounds' own spread enters the interval), rounds are added until the paired t interval's relative
+half-width is at most the target, or the level's budget (rounds, seconds) is spent. The stop depends on the
+interval's width only, never on where the estimate lies, and the width rests on at least min_rounds - 1 degrees
+of freedom: `benchmarks/precision_coverage.py` measures its coverage on synthetic sweeps with a known speedup.
+
+What a round costs and what it buys sets its size. One round's d varies by `within` (its two blocks' own
+sampling noise: which prompts it drew, the requests' own spread, which shrinks with more requests per block)
+plus `between` (the host's and the instances' time-to-time variation, which does not). Per round, a block of
+m requests takes o + a m seconds (o: warm-up, ramp, thaw, idle probe). The time to reach a target is
+proportional to (o + a m)(W / m + B), W = within x m: least at m* = sqrt(o W / (a B)) (the classical optimal
+allocation of a two-stage sample). So a level whose spread is the prompts' (vLLM C=1) grows its blocks, and a
+level whose spread is the host's (vLLM C=64) adds rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
+from specsweep.analysis.cells import Cell, request_arrays, summary_windows
+from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
+from specsweep.measure.interleave import LevelProgress
+
+BUDGET_SPENT = "budget spent:"  # how a decision that stopped on the budget starts
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """The config's `precision:` block (a target of None: fixed rounds, `repeats` of them)."""
+
+    target: float | None  # the paired speedup's 95% half-width, relative (0.05: +-5%)
+    min_rounds: int
+    max_rounds: int
+    max_level_s: float | None  # seconds of measuring per level (every arm's blocks), None: no time budget
+    max_block_growth: int  # the largest block, in multiples of the configured requests per block
+    confidence: float = 0.95
+
+    @classmethod
+    def from_config(cls, precision: dict[str, Any], instances: int = 1) -> PrecisionSettings:
+        """With server instances, at least two rounds per instance (both arm orders on every instance)."""
+        return cls(
+            target=precision["target"],
+            min_rounds=max(int(precision["min_rounds"]), 2 * instances if instances > 1 else 0),
+            max_rounds=int(precision["max_rounds"]),
+            max_level_s=precision.get("max_level_s"),
+            max_block_growth=int(precision["max_block_growth"]),
+        )
+
+
+@dataclass(frozen=True)
+class Components:
+    """The variance of one round's d (log ratio), split: what more requests per block shrink (`within`) and
+    what only more rounds shrink (`between_round`), plus the server instances' own (`between_instance`)."""
+
+    within: float
+    between_round: float
+    between_instance: float | None  # None: one instance
+
+
+def components(rounds: Rounds) -> Components | None:
+    """Method-of-moments split of the rounds' d: within = the mean of the rounds' blocks' noise; between rounds =
+    what the rounds' spread (within instances) has beyond it; between instances = what the instances' means
+    have beyond the rounds' (one-way random effects). None without two rounds or the blocks' noise."""
+    d, w = rounds.d, rounds.within
+    if d.size < 2 or not np.all(np.isfinite(w)):
+        return None
+    within = float(np.mean(w))
+    groups = [d[[i for i, k in enumerate(rounds.instance) if k == inst]] for inst in sorted(set(rounds.instance))]
+    resid_df = d.size - len(groups)
+    if len(groups) == 1:
+        return Components(within, max(0.0, float(np.var(d, ddof=1)) - within), None)
+    ms_within = float(sum(((g - g.mean()) ** 2).sum() for g in groups)) / resid_df if resid_df > 0 else float("nan")
+    n0 = d.size / len(groups)
+    ms_between = float(sum(g.size * (g.mean() - d.mean()) ** 2 for g in groups)) / (len(groups) - 1)
+    between_round = max(0.0, ms_within - within) if math.isfinite(ms_within) else 0.0
+    between_instance = max(0.0, (ms_between - (ms_within if math.isfinite(ms_within) else 0.0)) / n0)
+    return Components(within, between_round, between_instance)
+
+
+@dataclass(frozen=True)
+class LevelPrecision:
+    """How precise a level's paired speedup came out against its target, and what it cost."""
+
+    target: float | None
+    half_width: float | None  # relative, of the 95% interval; None: no interval
+    met: bool
+    budget_spent: bool  # stopped by max_rounds or max_level_s before the target was met
+    rounds: int
+    requests: int | None  # measured requests per arm, every round
+    block_growth: int  # the last round's requests per block over the configured ones
+    components: Components | None
+    rounds_for_target: int | None  # what the rounds' variance implies at the last block size (None: unknown)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.components
+        return {
+            "target": self.target,
+            "half_width": self.half_width,
+            "met": self.met,
+            "budget_spent": self.budget_spent,
+            "rounds": self.rounds,
+            "requests": self.requests,
+            "block_growth": self.block_growth,
+            "within_round_var": c.within if c else None,
+            "between_round_var": c.between_round if c else None,
+            "between_instance_var": c.between_instance if c else None,
+            "rounds_for_target": self.rounds_for_target,
+        }
+
+
+def rounds_for(pe: PairedEstimate, target: float, confidence: float = 0.95) -> int | None:
+    """Rounds the estimate's own per-round variance needs for `target` (the t quantile at that many rounds)."""
+    if pe.rounds is None or not math.isfinite(pe.log_se) or pe.log_se <= 0:
+        return None
+    per_round = pe.log_se**2 * pe.rounds.d.size
+    goal = math.log1p(target)
+    n = max(2, pe.rounds.d.size)
+    for _ in range(50):  # t(n - 1) shrinks with n: iterate to the fixed point
+        t = float(sps.t.ppf(0.5 + confidence / 2, max(1, n - 1)))
+        need = max(2, math.ceil(per_round * (t / goal) ** 2))
+        if need == n:
+            break
+        n = need
+    return n
+
+
+def assess(
+    pe: PairedEstimate | None,
+    target: float | None,
+    confidence: float,
+    requests: int | None,
+    block_growth: int,
+    budget_spent: bool,
+) -> LevelPrecision:
+    """The level's precision from its paired estimate."""
+    hw = pe.half_width(confidence) if pe is not None else float("nan")
+    met = target is not None and math.isfinite(hw) and hw <= target
+    return LevelPrecision(
+        target=target,
+        half_width=hw if math.isfinite(hw) else None,
+        met=met,
+        budget_spent=budget_spent and not met,
+        rounds=pe.rounds.d.size if pe is not None and pe.rounds is not None else (pe.pairs if pe else 0),
+        requests=requests,
+        block_growth=block_growth,
+        components=components(pe.rounds) if pe is not None and pe.rounds is not None else None,
+        rounds_for_target=rounds_for(pe, target, confidence) if pe is not None and target else None,
+    )
+
+
+def level_precision(cell: Cell | None, pe: PairedEstimate | None, confidence: float) -> LevelPrecision | None:
+    """A paired level's precision as the analysis reports it: its own interval against the target it was measured
+    for (the rounds' log in its summary; none: fixed rounds), what it spent, and its variance components."""
+    if cell is None or pe is None or pe.rounds is None:
+        return None
+    log = (cell.summary.get("pairing") or {}).get("precision")
+    if log is None:
+        return assess(pe, None, confidence, None, 1, False)
+    sizes = [int(n) for n in log["block_requests"]]
+    spent = bool(log["decisions"]) and str(log["decisions"][-1]).startswith(BUDGET_SPENT)
+    return assess(pe, log["target"], confidence, sum(sizes), sizes[-1] // sizes[0], spent)
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """What the level's rounds took: seconds per round (every arm's blocks) and the requests in each block."""
+
+    seconds: list[float]
+    requests: list[int]  # measured requests per block, each round
+    overhead_s: float  # per round, besides its requests: warm-up, ramp, thaw, idle probe (every arm)
+
+
+@dataclass(frozen=True)
+class Next:
+    """The rule's answer after a round: stop (and why), or measure another round with `growth` x the
+    configured requests per block."""
+
+    stop: bool
+    reason: str
+    growth: int
+
+
+def block_growth(comp: Components | None, cost: RoundCost, growth: int, max_growth: int) -> int:
+    """The next round's block size (in configured blocks) that reaches the target soonest: m* = sqrt(o W / (a B))
+    (module docstring), never smaller than the current one (smaller blocks would have more of the ramp's and
+    warm-up's share), at most `max_growth`."""
+    if comp is None or growth >= max_growth:
+        return growth
+    m_now = cost.requests[-1]
+    per_request_s = max(1e-9, (cost.seconds[-1] - cost.overhead_s) / m_now)
+    w_per_request = comp.within * m_now
+    if comp.between_round <= 0:
+        best = max_growth if cost.overhead_s > 0 and comp.within > 0 else growth
+    else:
+        m_star = math.sqrt(cost.overhead_s * w_per_request / (per_request_s * comp.between_round))
+        best = round(m_star / (m_now / growth))
+    return int(min(max_growth, max(growth, best)))
+
+
+def next_step(
+    pe: PairedEstimate | None, settings: PrecisionSettings, cost: RoundCost, growth: int, max_growth: int
+) -> Next:
+    """After a round: stop when the target is met (after min_rounds) or the budget is spent, else the next
+    round's block size. A level without a target measures min_rounds rounds (`repeats`)."""
+    n = len(cost.seconds)
+    if n < settings.min_rounds:
+        return Next(False, "fewer than min_rounds", growth)
+    if settings.target is None:
+        return Next(True, "fixed rounds", growth)
+    hw = pe.half_width(settings.confidence) if pe is not None else float("nan")
+    if math.isfinite(hw) and hw <= settings.target:
+        return Next(True, f"target met: +-{hw:.1%} <= +-{settings.target:.0%}", growth)
+    if n >= settings.max_rounds:
+        return Next(True, f"{BUDGET_SPENT} max_rounds {settings.max_rounds}", growth)
+    comp = components(pe.rounds) if pe is not None and pe.rounds is not None else None
+    nxt = block_growth(comp, cost, growth, min(max_growth, settings.max_block_growth))
+    if settings.max_level_s is not None:
+        per_request_s = (cost.seconds[-1] - cost.overhead_s) / cost.requests[-1]
+        next_s = cost.overhead_s + per_request_s * cost.requests[-1] * nxt / growth
+        if sum(cost.seconds) + next_s > settings.max_level_s:
+            return Next(True, f"{BUDGET_SPENT} max_level_s {settings.max_level_s:g}", growth)
+    return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
+
+
+RULE_REPLICATES = 1000  # the blocks' bootstrap inside the rule (the analysis redoes it with its own count)
+
+
+class LevelRule:
+    """The stopping rule as `measure/interleave.py` asks it: after each round, the paired interval of the level's
+    throughput (the reference arm against each other arm, the widest deciding) from the records so far, by the
+    same bootstrap and paired t as the analysis."""
+
+    def __init__(self, settings: PrecisionSettings, metric: str = THROUGHPUT) -> None:
+        self.settings = settings
+        self.metric = next(m for m in METRICS if m.name == metric)
+
+    def estimates(self, progress: LevelProgress) -> dict[str, PairedEstimate | None]:
+        cells = {}
+        for arm, summary in progress.summaries.items():
+            frame = progress.frames[arm]
+            windows = summary_windows(summary) or None
+            cells[arm] = Cell(
+                arm=arm,
+                concurrency=float(progress.concurrency),
+                path=Path(arm),
+                summary=summary,
+                requests=request_arrays(frame, progress.concurrency, windows),
+            )
+        boots = {arm: bootstrap_cell(c, RULE_REPLICATES, 0, metrics=(self.metric,)) for arm, c in cells.items()}
+        ref = progress.reference_arm
+        rng = np.random.default_rng(0)
+        m = self.metric
+        return {
+            arm: paired_estimate(cells[ref], c, boots[ref], boots[arm], m.name, m.higher_is_better, 2, rng)
+            for arm, c in cells.items()
+            if arm != ref
+        }
+
+    def __call__(self, progress: LevelProgress) -> Next:
+        estimates = self.estimates(progress)
+        # the widest arm decides (one without an interval is the widest)
+        widest = max(
+            estimates.values(),
+            key=lambda pe: pe.half_width(self.settings.confidence) if pe is not None else math.inf,
+            default=None,
+        )
+        hw = widest.half_width(self.settings.confidence) if widest is not None else math.nan
+        if not math.isfinite(hw):
+            widest = None
+        cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
+        return next_step(widest, self.settings, cost, progress.growth, progress.max_growth)
+
+
+def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
+    """What the analysis says of its levels' precision: every level's target met, or which spent their budget
+    (with the half-width reached and the rounds their variance implies); never one as if it met the target."""
+    rows = [(r["concurrency"], r["precision"]) for r in per_level if r.get("precision")]
+    measured = [(c, p) for c, p in rows if p["target"] is not None]
+    if not measured:
+        return []
+    notes = []
+    short = [(c, p) for c, p in measured if not p["met"]]
+    target = max(p["target"] for _, p in measured)
+    if not short:
+        notes.append(f"precision: every level within its target (+-{target:.0%}, 95%)")
+    for c, p in short:
+        hw = f"+-{p['half_width']:.1%}" if p["half_width"] is not None else "no interval"
+        why = "its budget spent" if p["budget_spent"] else "the rule's own estimate stopped it"
+        need = f"; its variance implies {p['rounds_for_target']} rounds" if p["rounds_for_target"] else ""
+        notes.append(
+            f"precision: {symbol}={c:g} short of its target +-{p['target']:.0%}: {hw} after {p['rounds']} rounds "
+            f"({why}){need}"
+        )
+    return notes

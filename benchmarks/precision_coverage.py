@@ -12,7 +12,7 @@ Prints, per scenario and overall: the coverage of the 95% intervals of the true 
 A/A (true speedup 1) the share of levels whose interval excludes 1 (goal: at most 5%), the share meeting the target,
 and the mean rounds and requests spent.
 
-    python benchmarks/precision_coverage.py [--sweeps 200] [--seed 0]
+    python benchmarks/precision_coverage.py [--sweeps 200] [--seed 0] [--target 0.05] [--min-rounds 3]
 """
 
 from __future__ import annotations
@@ -99,7 +99,11 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.05)
     ap.add_argument("--min-rounds", type=int, default=3)
     ap.add_argument("--max-rounds", type=int, default=10)
+    ap.add_argument("--max-block-growth", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true", help="10 sweeps: the script runs (the pipeline tier)")
     args = ap.parse_args()
+    if args.smoke:
+        args.sweeps = 10
     rng = np.random.default_rng(args.seed)
     rows = []
     all_cov, aa_excl = [], []
@@ -110,7 +114,7 @@ def main() -> None:
                 "min_rounds": args.min_rounds,
                 "max_rounds": args.max_rounds,
                 "max_level_s": None,
-                "max_block_growth": 4,
+                "max_block_growth": args.max_block_growth,
             },
             2 if s.instance_sd > 0 else 1,
         )

@@ -54,6 +54,7 @@ SPEC_ARM = "ngram-k3"  # the arm whose verdict the earlier tier asserted (K=3)
 # the ends of the example's range below its C=64 (C=4 as well cost CI ~50 s: its two attempts and a policy level)
 LEVELS = (1, 16)
 REPEATS = 3
+TARGET = 0.05  # the precision rule's target half-width (budget: REPEATS rounds)
 PER_CONCURRENCY = 4  # measured requests per level and repeat: max(8, 4 C), after C ramp requests
 OUTPUT_TOKENS = 64  # half the example's 128: the tier's cells take half as long, K=3 still wins at every level
 MAX_CACHE_HIT_RATE = 0.01  # prompts never repeat on a server, and the cache is reset before each repeat
@@ -142,6 +143,9 @@ def write_config(workdir: Path) -> None:
     assert config.get("pairing", {}).get("mode", "auto") == "auto"
     config["repeats"] = REPEATS
     config["workload"]["requests"]["per_concurrency"] = PER_CONCURRENCY
+    # the stopping rule runs on the real engine's records after each round, its budget this tier's rounds (the
+    # example's own budget reaches +-5%: docs/analysis.md; here CI's minutes decide)
+    config["precision"] = {"target": TARGET, "min_rounds": REPEATS, "max_rounds": REPEATS}
     # A schedule that switches K (the example's derived one was K=3 at every level in three runs: that is the
     # ngram-k3 arm's static flag, served by no policy server), so that vLLM's per-batch-size path is served and
     # measured for real: K=3 up to 8 running requests, K=1 above.
@@ -362,6 +366,15 @@ def test_crossover_and_mlflow(run_dir: Path) -> None:
     assert [int(r["concurrency"]) for r in per_level] == list(LEVELS)
     assert all(r["speedup"] is not None and r["speedup"] > 0 for r in per_level), per_level
     assert (run_dir / "results" / EXP / VARIANT / "policy.yaml").exists()
+    # every level says how precise it came out, from the real engine's rounds; one short of the target says so
+    notes = out["arms"][SPEC_ARM]["verdict"]["notes"]
+    for r in per_level:
+        p = r["precision"]
+        assert p["target"] == TARGET and p["rounds"] == REPEATS, p
+        assert p["met"] == (p["half_width"] <= TARGET) and p["within_round_var"] is not None, p
+        assert p["met"] or any(f"C={r['concurrency']:g} short of" in n for n in notes), (p, notes)
+        log = summary(run_dir, SPEC_ARM, int(r["concurrency"]))["pairing"]["precision"]
+        assert log["rounds"] == REPEATS and len(log["decisions"]) == REPEATS, log
 
     import mlflow
 

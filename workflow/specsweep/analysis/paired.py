@@ -39,6 +39,7 @@ from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 
 _MAX_LOG_DRAW = 30.0
+FLOORLESS_ROUNDS = 3  # from this many rounds on, their own spread is the variance (no floor under it)
 INSTANCE_EFFECT_ALPHA = 0.25  # the pretest of "sometimes pool" (module docstring)
 
 
@@ -129,9 +130,12 @@ def _instances_estimate(rounds: Rounds, within: float, n_boot: int, rng: np.rand
         var, df = float(np.var(means, ddof=1)) / m, m - 1
     else:
         var, df = float(np.var(d, ddof=1)) / n, n - 1
-    dominated = True
-    if np.isfinite(within) and within > var and rounds.within_df >= 1:
-        var, dominated = within, False  # a floor: the degrees of freedom stay the spread's (module docstring)
+        if resid_df >= 1:  # the instances' own share where their means spread beyond the rounds (random effects)
+            ms_within = ss_within / resid_df
+            var = max(var, ms_within / n + max(0.0, ms_between - ms_within) / (n / m) / m)
+    dominated = not np.isfinite(within) or var >= within
+    if n < FLOORLESS_ROUNDS and np.isfinite(within) and within > var and rounds.within_df >= 1:
+        var = within  # a floor under two rounds' spread: the degrees of freedom stay the spread's
     return PairedEstimate(
         math.exp(point),
         _draws(point, var, df, n_boot, rng),
@@ -156,14 +160,15 @@ def paired_rounds(rounds: Rounds, n_boot: int, rng: np.random.Generator) -> Pair
     if len(set(rounds.instance)) > 1:
         return _instances_estimate(rounds, within, n_boot, rng)
     spread = float(np.var(d, ddof=1)) / n if n >= 2 else float("nan")
-    if n >= 2 and (not known or spread >= within):
-        var, df, dominated = spread, n - 1, True
-    elif n >= 2:  # the blocks' noise is a floor; the interval keeps the rounds' degrees of freedom
-        var, df, dominated = within, n - 1, False
+    if n >= FLOORLESS_ROUNDS or (n >= 2 and (not known or spread >= within)):
+        var, df = spread, n - 1
+    elif n >= 2:  # two rounds: the blocks' noise is a floor on their one degree of freedom
+        var, df = within, n - 1
     elif known and rounds.within_df >= 1:  # one round: its blocks' noise only (the analysis says so)
-        var, df, dominated = within, rounds.within_df, False
+        var, df = within, rounds.within_df
     else:
         return None
+    dominated = not known or spread >= within
     point = float(np.mean(d))
     return PairedEstimate(
         math.exp(point),

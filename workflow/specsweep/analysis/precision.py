@@ -127,14 +127,10 @@ def rounds_for(pe: PairedEstimate, target: float, confidence: float = 0.95) -> i
         return None
     per_round = pe.log_se**2 * pe.rounds.d.size
     goal = math.log1p(target)
-    n = max(2, pe.rounds.d.size)
-    for _ in range(50):  # t(n - 1) shrinks with n: iterate to the fixed point
-        t = float(sps.t.ppf(0.5 + confidence / 2, max(1, n - 1)))
-        need = max(2, math.ceil(per_round * (t / goal) ** 2))
-        if need == n:
-            break
-        n = need
-    return n
+    for n in range(2, 100_000):  # the fewest rounds whose t interval, at this per-round variance, is within it
+        if float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * math.sqrt(per_round / n) <= goal:
+            return n
+    return None
 
 
 def assess(
@@ -210,6 +206,23 @@ def block_growth(comp: Components | None, cost: RoundCost, growth: int, max_grow
     return int(min(max_growth, max(growth, best)))
 
 
+def stop_width(pe: PairedEstimate, confidence: float) -> float:
+    """The half-width the rule stops on: the interval's, its variance at least the blocks' own noise (the mean
+    of the rounds' `within`; same degrees of freedom). The interval itself rests on the rounds' spread alone;
+    stopping on that alone picks the rounds whose spread came out small by chance, and those under-cover
+    (module docstring). The blocks' noise comes from inside the blocks, not from the rounds' agreement, so
+    asking it too stops no level early on a lucky spread; where it overstates (short steady windows), the level
+    only measures longer, and its blocks grow."""
+    if not math.isfinite(pe.log_se) or pe.df < 1:
+        return float("nan")
+    var = pe.log_se**2
+    if pe.rounds is not None and np.all(np.isfinite(pe.rounds.within)):
+        var = max(var, float(pe.rounds.within.sum()) / pe.rounds.d.size**2)
+    return math.expm1(float(sps.t.ppf(0.5 + confidence / 2, pe.df)) * math.sqrt(var))
+
+
+
+
 def next_step(
     pe: PairedEstimate | None, settings: PrecisionSettings, cost: RoundCost, growth: int, max_growth: int
 ) -> Next:
@@ -220,7 +233,7 @@ def next_step(
         return Next(False, "fewer than min_rounds", growth)
     if settings.target is None:
         return Next(True, "fixed rounds", growth)
-    hw = pe.half_width(settings.confidence) if pe is not None else float("nan")
+    hw = stop_width(pe, settings.confidence) if pe is not None else float("nan")
     if math.isfinite(hw) and hw <= settings.target:
         return Next(True, f"target met: +-{hw:.1%} <= +-{settings.target:.0%}", growth)
     if n >= settings.max_rounds:
@@ -272,13 +285,12 @@ class LevelRule:
     def __call__(self, progress: LevelProgress) -> Next:
         estimates = self.estimates(progress)
         # the widest arm decides (one without an interval is the widest)
-        widest = max(
-            estimates.values(),
-            key=lambda pe: pe.half_width(self.settings.confidence) if pe is not None else math.inf,
-            default=None,
-        )
-        hw = widest.half_width(self.settings.confidence) if widest is not None else math.nan
-        if not math.isfinite(hw):
+        def width(pe: PairedEstimate | None) -> float:
+            hw = stop_width(pe, self.settings.confidence) if pe is not None else math.nan
+            return hw if math.isfinite(hw) else math.inf
+
+        widest = max(estimates.values(), key=width, default=None)
+        if widest is not None and not math.isfinite(width(widest)):
             widest = None
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
         return next_step(widest, self.settings, cost, progress.growth, progress.max_growth)

@@ -1,0 +1,80 @@
+"""Each interleaved level is measured until its answer is known (`precision:`, analysis/precision.py): at least
+min_rounds rounds, then a round at a time until the paired speedup's 95% half-width is within the target or the
+budget is spent; blocks grow where their own noise dominates. The analysis reports what each level reached,
+and never a level short of its target as if it met it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from specsweep.config import defaults
+from specsweep.measure.summary import read_judged
+from tests.conftest import REPO
+from tests.pipeline.conftest import EXP, mlflow_runs, snakemake
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(600)]
+
+TARGET = 0.05
+MAX_ROUNDS = 6
+
+
+def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover_servers: None) -> None:
+    config = yaml.safe_load((REPO / "tests" / "pipeline" / "tiny.yaml").read_text())
+    config["precision"] = {"target": TARGET, "min_rounds": 3, "max_rounds": MAX_ROUNDS, "max_block_growth": 4}
+    config["workload"]["requests"] = {"per_concurrency": 2, "floor": 8, "max": 64}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(tmp_path, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    variant = tmp_path / "results" / EXP / "sim"
+    for level in ("c1", "c4"):
+        cells = {arm: variant / arm / level for arm in ("baseline", "eagle3")}
+        for arm, cell in cells.items():
+            judged = read_judged(cell, defaults("gates"))[0]
+            assert judged["validity"]["valid"], (arm, level, judged["validity"])
+        summary = json.loads((cells["eagle3"] / "summary.json").read_text())
+        log = summary["pairing"]["precision"]
+        n = log["rounds"]
+        assert 3 <= n <= MAX_ROUNDS, log
+        assert len(summary["pairing"]["blocks"]) == 2 * n  # both arms, every round
+        sizes = log["block_requests"]
+        assert len(sizes) == n and sizes == sorted(sizes), sizes  # blocks only grow
+        assert max(sizes) <= 64  # never past workload.requests.max
+        assert len(log["decisions"]) == n and log["decisions"][-1].split(":")[0] in ("target met", "budget spent")
+        # each round sent the requests its block size says (the ramp's rows are not measured)
+        records = pd.read_parquet(cells["eagle3"] / "requests.parquet")
+        measured = records[records["measured"]] if "measured" in records else records
+        per_round = measured.groupby("repeat").size().to_dict()
+        assert [per_round[r] for r in range(n)] == sizes, (per_round, sizes)
+
+    crossover = json.loads((variant / "crossover.json").read_text())
+    arm = crossover["arms"]["eagle3"]
+    notes = arm["verdict"]["notes"]
+    for row in arm["per_level"]:
+        p = row["precision"]
+        summary = json.loads((variant / "eagle3" / f"c{int(row['concurrency'])}" / "summary.json").read_text())
+        log = summary["pairing"]["precision"]
+        assert p["target"] == TARGET and p["rounds"] == log["rounds"] and p["requests"] == sum(log["block_requests"])
+        assert p["met"] == (p["half_width"] <= TARGET), p
+        # the reported interval is the one the half-width describes
+        lo, hi, sp = row["speedup_lo"], row["speedup_hi"], row["speedup"]
+        assert max(hi / sp, sp / lo) - 1 == pytest.approx(p["half_width"], rel=0.05)
+        # a level the rule stopped on its target reads within it here too (the bootstrap's own sampling aside)
+        if log["decisions"][-1].startswith("target met"):
+            assert p["half_width"] <= TARGET * 1.1, p
+        if not p["met"]:  # said, never shown as met
+            assert any(f"C={row['concurrency']:g} short of its target" in x for x in notes), notes
+        assert p["within_round_var"] is not None and p["between_round_var"] is not None
+    if all(r["precision"]["met"] for r in arm["per_level"]):
+        assert any("every level within its target" in x for x in notes), notes
+    # the printed table has each level's rounds and half-width
+    assert "rounds  +-" in proc.stdout
+
+    runs = mlflow_runs(tmp_path)
+    crossover_run = runs[runs["tags.specsweep.kind"] == "crossover"].iloc[0]
+    assert crossover_run["metrics.eagle3.precision.half_width"] > 0

@@ -32,9 +32,7 @@ from scipy import stats as sps
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
-from specsweep.measure.interleave import LevelProgress
-
-BUDGET_SPENT = "budget spent:"  # how a decision that stopped on the budget starts
+from specsweep.measure.interleave import BUDGET_SPENT, LevelProgress
 
 
 @dataclass(frozen=True)
@@ -221,8 +219,6 @@ def stop_width(pe: PairedEstimate, confidence: float) -> float:
     return math.expm1(float(sps.t.ppf(0.5 + confidence / 2, pe.df)) * math.sqrt(var))
 
 
-
-
 def next_step(
     pe: PairedEstimate | None, settings: PrecisionSettings, cost: RoundCost, growth: int, max_growth: int
 ) -> Next:
@@ -284,6 +280,7 @@ class LevelRule:
 
     def __call__(self, progress: LevelProgress) -> Next:
         estimates = self.estimates(progress)
+
         # the widest arm decides (one without an interval is the widest)
         def width(pe: PairedEstimate | None) -> float:
             hw = stop_width(pe, self.settings.confidence) if pe is not None else math.nan

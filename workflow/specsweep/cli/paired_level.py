@@ -7,9 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from specsweep.analysis.precision import LevelRule, PrecisionSettings
 from specsweep.measure.cell import CellError
-from specsweep.measure.interleave import out_dirs, run_level
+from specsweep.measure.interleave import needs_rule, out_dirs, run_level
 from specsweep.redact import MissingAPIKey
 from specsweep.serving import servers
 
@@ -33,9 +32,14 @@ def run(args: argparse.Namespace) -> int:
     text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
     specs = json.loads(text)
     first = next(iter(specs.values()), {})
-    precision = first.get("precision")
-    instances = int(first.get("pairing", {}).get("instances") or 1)
-    rule = LevelRule(PrecisionSettings.from_config(precision, instances)) if precision else None
+    rule = None
+    if needs_rule(first):
+        # imported here: the rule's bootstrap and t quantiles import scipy (~1 s a job on 2 cores), which a level
+        # with nothing to decide (no target, or min_rounds = max_rounds) does not pay
+        from specsweep.analysis.precision import LevelRule, PrecisionSettings
+
+        instances = int(first.get("pairing", {}).get("instances") or 1)
+        rule = LevelRule(PrecisionSettings.from_config(first["precision"], instances))
     try:
         out = run_level(
             specs,

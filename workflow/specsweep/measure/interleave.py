@@ -140,14 +140,18 @@ class RoundDecision(Protocol):
 RoundRule = Callable[[LevelProgress], RoundDecision]
 
 
+BUDGET_SPENT = "budget spent:"  # how a level's last decision starts when its budget, not its target, stopped it
+
+
 @dataclass(frozen=True)
 class Rounds:
-    """How many rounds a level measures: `fixed` of them, or until `rule` stops it (at most `max_rounds`, blocks
-    at most `max_growth` x the configured requests)."""
+    """How many rounds a level measures: `min_rounds`, then a round at a time until `rule` stops it or
+    `max_rounds` are done (blocks at most `max_growth` x the configured requests). Without a precision target,
+    or where min_rounds = max_rounds, there is nothing to decide: no rule."""
 
-    fixed: int
+    min_rounds: int
+    max_rounds: int
     rule: RoundRule | None = None
-    max_rounds: int = 0
     max_growth: int = 1
     target: float | None = None
 
@@ -179,7 +183,7 @@ async def _measure_blocks(
     arms = list(cells)
     inputs: dict[str, LevelInputs] = {}
     infos: dict[str, Any] = {}
-    n_sets = rounds.max_rounds if rounds.rule is not None else rounds.fixed
+    n_sets = rounds.max_rounds
     for arm, cell in cells.items():  # every server runs here: prompts may be tokenized by the server
         first = recs[slot_of(arm, 1, instances)]
         url = first.base_url
@@ -262,8 +266,11 @@ async def _measure_blocks(
         sizes.append(n)
         overheads.append(overhead)
         r += 1
-        if rounds.rule is None:
+        if rounds.target is None or r < rounds.min_rounds:
             continue
+        if r >= rounds.max_rounds or rounds.rule is None:
+            decisions.append(f"{BUDGET_SPENT} max_rounds {rounds.max_rounds}")
+            break
         for rec in recs.values():  # the rule's bootstrap runs on this host: no server beside it
             servers.freeze(rec)
         results = level_results()
@@ -294,7 +301,7 @@ async def _measure_blocks(
     for rec in recs.values():
         servers.thaw(rec)
     precision = None
-    if rounds.rule is not None:
+    if rounds.target is not None:
         precision = {
             "target": rounds.target,
             "rounds": r,
@@ -361,18 +368,38 @@ def _measure_once(
 
 
 def level_rounds(spec: dict[str, Any], repeats: int, rule: RoundRule | None) -> Rounds:
-    """The level's rounds: `repeats` without a precision target; with one, until `rule` stops it, blocks
-    growing at most to precision.max_block_growth x the configured requests and never past workload.requests.max
-    (a level already at its cap does not grow)."""
+    """The level's rounds: `repeats` without a precision target; with one, min_rounds (at least 2 per server
+    instance), then until `rule` stops it, blocks growing at most to precision.max_block_growth x the configured
+    requests and never past workload.requests.max (a level already at its cap does not grow)."""
     precision = spec.get("precision") or {}
     if precision.get("target") is None:
-        return Rounds(repeats)
+        return Rounds(repeats, repeats)
+    least, most = rule_rounds(spec)
+    if least >= most:
+        return Rounds(least, least, target=float(precision["target"]))
     if rule is None:
         raise CellError("a level with a precision target needs the stopping rule (specsweep paired-level passes it)")
     cap = spec["workload"]["requests"].get("max")
     room = int(cap) // int(spec["n_requests"]) if cap else int(precision["max_block_growth"])
     growth = max(1, min(int(precision["max_block_growth"]), room))
-    return Rounds(repeats, rule, int(precision["max_rounds"]), growth, float(precision["target"]))
+    return Rounds(least, most, rule, growth, float(precision["target"]))
+
+
+def rule_rounds(spec: dict[str, Any]) -> tuple[int, int]:
+    """A precision level's least and most rounds (min_rounds raised to 2 per server instance)."""
+    precision = spec["precision"]
+    instances = int(spec.get("pairing", {}).get("instances") or 1)
+    least = max(int(precision["min_rounds"]), 2 * instances if instances > 1 else 0)
+    return least, max(least, int(precision["max_rounds"]))
+
+
+def needs_rule(spec: dict[str, Any]) -> bool:
+    """Whether the level has a decision to make after its rounds: a precision target and room above min_rounds
+    (the caller then builds `analysis.precision.LevelRule`)."""
+    if (spec.get("precision") or {}).get("target") is None:
+        return False
+    least, most = rule_rounds(spec)
+    return most > least
 
 
 def run_level(

@@ -16,6 +16,7 @@ from specsweep.serving import servers
 def tiny_config(**variant_extra: Any) -> dict[str, Any]:
     raw = {
         "experiment": "faults",
+        "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
         "concurrency": [4],
         "workload": {
             "input_tokens": 8,

@@ -41,6 +41,7 @@ def standin_config(
         env["SPECSWEEP_STANDIN_LOG"] = log
     raw = {
         "experiment": "standin",
+        "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
         "concurrency": [2],
         "workload": {
             "input_tokens": 8,

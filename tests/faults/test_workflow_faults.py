@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 BASE = {
     "experiment": "wf",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": [2, 4],
     "workload": {"input_tokens": 8, "output_tokens": 16, "requests": {"floor": 6}, "warmup_requests": 0},
     "analysis": {"bootstrap_samples": 100},

@@ -47,6 +47,7 @@ def test_a_fresh_database_opened_by_many_jobs_at_once(
     def config_of(round_: int) -> dict[str, Any]:
         return {
             "experiment": "fresh",
+            "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
             "results_dir": str(tmp_path / f"r{round_}" / "results"),
             "mlflow": {"tracking_uri": uris[round_]},
             "view_arms": {"speculative": ["eagle3"], "policy": []},

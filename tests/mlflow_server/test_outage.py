@@ -154,6 +154,7 @@ def _open_together(url: str, name: str, n: int) -> tuple[list[Any], list[BaseExc
     def job(i: int) -> None:
         spec = {
             "experiment": name,
+            "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
             "results_dir": "results",
             "mlflow": {"tracking_uri": url},
             "view_arms": {"speculative": [f"arm{i}"], "policy": []},

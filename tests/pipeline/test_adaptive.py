@@ -18,6 +18,7 @@ pytestmark = pytest.mark.pipeline
 # The demo profile's crossover lies near C=20 for this workload: between the two grid levels.
 CONFIG = {
     "experiment": "ad",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": [4, 64],
     "workload": {
         "input_tokens": 16,

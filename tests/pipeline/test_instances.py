@@ -29,6 +29,7 @@ LEVELS = [1, 8]
 SLOW = 1.25
 CONFIG: dict[str, Any] = {
     "experiment": "instances",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": LEVELS,
     "repeats": 4,  # 2 x instances: every instance sees both arm orders
     "workload": {

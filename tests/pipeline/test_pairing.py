@@ -33,6 +33,7 @@ LEVELS = [1, 4, 16]
 DRIFT = 1.3
 CONFIG: dict[str, Any] = {
     "experiment": "drift",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": LEVELS,
     # three blocks per arm and level (A B | B A | A B): the clean run's interval is the yardstick of both designs'
     # tests, and with two rounds (a t of 1 degree of freedom, 12.7) it spanned 1.01-2.51 at C=1 around 1.56

@@ -27,6 +27,7 @@ EXP = "tiny"
 WRONG = [[1, 40, 3], [41, 60, 1], [61, 1024, 3]]
 CONFIG = {
     "experiment": EXP,
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": [2, 100],
     "workload": {
         "input_tokens": 16,
@@ -77,6 +78,14 @@ def test_a_wrong_schedule_fails_the_proof_where_speculation_loses(wrong_run: Pat
     # C=2 serves the best fixed arm's K: never a failure (not decided where the interval straddles 1 - margin)
     assert rows[2]["best_fixed_arm"] != "baseline" and rows[2]["status"] in ("holds", "better", "not decided")
     assert proof["failing_levels"] == [100] and proof["holds"] is False
+    # what each row measures: C=100 serves K=3 where the baseline was best (the schedule's choice); C=2 serves K=3,
+    # the mechanism where the best fixed arm is K=3 itself
+    assert rows[100]["compares"] == "schedule"
+    k2 = {"eagle3-k3": "mechanism, K=3 as the static flag", "eagle3-k1": "schedule"}[rows[2]["best_fixed_arm"]]
+    assert rows[2]["compares"] == k2
+    if k2.startswith("mechanism"):
+        m = proof["mechanism"][k2]
+        assert m["levels"] == [2] and m["ratio_lo"] <= m["ratio"] <= m["ratio_hi"]
     assert all(r["output_match"]["share"] == 1.0 for r in proof["per_level"])  # same text, only the speed differs
     log = (wrong_run / "wrong.log").read_text()
     assert "eagle3-policy: policy POLICY FAILS at C=100" in log

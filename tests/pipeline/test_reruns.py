@@ -26,6 +26,7 @@ pytestmark = pytest.mark.pipeline
 
 SIM = {
     "experiment": "rr",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": [1, 4],
     "workload": {
         "input_tokens": 8,
@@ -48,6 +49,7 @@ SIM = {
 }
 STACK = {
     "experiment": "rr",
+    "precision": {"target": None},  # fixed rounds (repeats): the rule has its own tests
     "concurrency": [1, 4],
     "mlflow": {"enabled": False},
     "arms": {"baseline": {"speculative": False}, "ngram": {"speculative": True}},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,27 @@ def test_sglang_adaptive_file_follows_schedule_json(tmp_path: Path) -> None:
     write_engine_files(doc)
     assert path.is_file()
     write_engine_files({"engine": "vllm", "families": {"ngram": {"schedule": [[1, 64, 1]]}}})  # nothing to write
+
+
+def test_a_proof_row_says_whether_it_measures_the_mechanism_or_the_schedule() -> None:
+    from specsweep.analysis.proof import mechanism_cost, served_k, what_it_compares
+
+    schedule = [[1, 8, 3], [9, 64, 1], [65, 1024, 0]]
+    assert [served_k(schedule, c) for c in (1, 8, 9, 64, 100)] == [3, 3, 1, 1, 0]
+    assert served_k(schedule, 2000) is None
+    assert what_it_compares(3, 3) == "mechanism, K=3 as the static flag"
+    assert what_it_compares(0, 0) == "mechanism, K=0 range vs the baseline server"
+    assert what_it_compares(1, 3) == "schedule" and what_it_compares(None, 3) == "unknown"
+    rows = [
+        {"concurrency": 1, "compares": "mechanism, K=3 as the static flag", "ratio": 0.99, "log_se": 0.01, "df": 4},
+        {"concurrency": 4, "compares": "mechanism, K=3 as the static flag", "ratio": 0.97, "log_se": 0.01, "df": 4},
+        {"concurrency": 16, "compares": "schedule", "ratio": 0.9, "log_se": 0.01, "df": 4},
+        {"concurrency": 64, "compares": "mechanism, K=0 range vs the baseline server", "ratio": 0.95, "log_se": None},
+    ]
+    cost = mechanism_cost(rows, 0.95)
+    assert list(cost) == ["mechanism, K=3 as the static flag"]  # the K=0 row has no paired error: absent
+    m = cost["mechanism, K=3 as the static flag"]
+    assert m["levels"] == [1, 4] and m["ratio"] == pytest.approx(math.sqrt(0.99 * 0.97))
+    # two levels' errors add: se = sqrt(2) x 0.01 / 2, Satterthwaite df = 8
+    half = math.log(m["ratio_hi"] / m["ratio"])
+    assert half == pytest.approx(2.306 * math.sqrt(2) * 0.01 / 2, rel=1e-3)

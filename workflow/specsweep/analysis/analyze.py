@@ -506,7 +506,13 @@ def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
     """How a level's speedup was estimated when its arms were interleaved (None: from separate cells)."""
     if pe is None:
         return None
-    out = {"blocks": pe.pairs, "unit": pe.unit, "df": pe.df, "spread_dominates": pe.spread_dominates}
+    out = {
+        "blocks": pe.pairs,
+        "unit": pe.unit,
+        "df": pe.df,
+        "spread_dominates": pe.spread_dominates,
+        "log_se": pe.log_se if math.isfinite(pe.log_se) else None,
+    }
     return out if pe.instance_effect is None else {**out, "instance_effect": pe.instance_effect}
 
 

@@ -4,12 +4,14 @@ Every round holds one block of each arm, the order reversed from round to round 
 d = log(compared block) - log(reference block), and the speedup is exp(mean d): a drift that is linear over the
 level enters the rounds with alternating signs and cancels in the mean over an even number of rounds (an odd
 number leaves one round's share of it); it is not removed from the d's spread, so it widens the interval instead
-of moving it. The interval is a t interval of that mean with the larger of two variances: the blocks' own sampling
-noise (each block's block bootstrap) and the spread of the d's over the rounds (drift, slow host periods and
-instance effects), with rounds - 1 degrees of freedom either way. The blocks' noise is a floor, not an estimate
-of the rounds' variance: where a few rounds' spread came out below it by chance, the host's share is still
-unknown, and taking the blocks' many degrees of freedom then covered 53% instead of 95% (three rounds of a
-host-dominated level, benchmarks/precision_coverage.py). With one round, its blocks' noise is all there is.
+of moving it. The interval is a t interval of that mean over the rounds, rounds - 1 degrees of freedom. From
+three rounds on (FLOORLESS_ROUNDS) its variance is the rounds' own spread: each round's d carries its own prompts,
+its blocks' sampling noise and the host's moment, so their spread is the whole variance, where the blocks' own
+bootstrap can overstate it badly (short steady windows deliver tokens in batch steps: the simulated engine's
+rounds agreed within 1.5% where their blocks said 12%). With two rounds the blocks' noise is a floor under their
+one degree of freedom; with one round it is all there is. It never lends the interval its own many degrees of
+freedom: where a few rounds' spread came out small by chance, that covered 53% instead of 95%
+(benchmarks/precision_coverage.py). The stopping rule asks it instead (analysis/precision.py).
 
 With several server instances per arm (`pairing.instances`), round r measured every arm on instance k(r), and the
 instance's own speed is in that round's d; the rounds of one instance share it, so they are not independent. The
@@ -18,7 +20,9 @@ test of the instances' means against the rounds' spread within them, at 25%), th
 instances' means (instances - 1 degrees of freedom: two instances that disagree give a wide interval, which is
 what they can tell); where they show none, the rounds are pooled as without instances (the "sometimes pool"
 rule of random-effects analysis, its pretest at 25% as Bozivich, Bancroft and Hartley recommend: at 5% it pooled
-instances that differed and covered 85-88% with two instances), so instances that agree cost no width.
+instances that differed and covered 85-88% with two instances), with the instances' own share added where their
+means spread beyond the rounds (the random-effects variance of the grand mean), so instances that agree cost no
+width.
 
 Why rounds and not each block against both its neighbouring blocks: that cancels a linear drift inside the d's,
 but blocks sharing both neighbours are one unit of spread, which leaves rounds / 2 - 1 degrees of freedom: on vLLM

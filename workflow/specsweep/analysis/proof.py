@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from scipy import stats as sps
+
 from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, levels_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap
 from specsweep.analysis.cells import Cell, load_cell
@@ -69,6 +71,49 @@ def rounds_to_decide(ratio: float, lo: float, hi: float, floor: float, rounds: i
     return max(rounds + 1, math.ceil(rounds * (half / distance) ** 2))
 
 
+def served_k(schedule: list[list[int]] | None, level: float) -> int | None:
+    """The K the schedule serves at `level` running requests (None: no range covers it, or no schedule)."""
+    for start, end, k in schedule or []:
+        if start <= level <= end:
+            return int(k)
+    return None
+
+
+def what_it_compares(served: int | None, best_k: int | None) -> str:
+    """What a proof row's ratio measures: at a level where the schedule serves the best fixed arm's own K, the
+    mechanism that serves it (the per-batch-size path against the static flag; a K=0 range against the server
+    without speculation); elsewhere the schedule's choice of K as well."""
+    if served is None or best_k is None:
+        return "unknown"
+    if served != best_k:
+        return "schedule"
+    return "mechanism, K=0 range vs the baseline server" if served == 0 else f"mechanism, K={served} as the static flag"
+
+
+def mechanism_cost(rows: list[dict[str, Any]], confidence: float) -> dict[str, Any]:
+    """The mechanism's own cost per kind (same K > 0; K=0 range vs the baseline): the geometric mean of its rows'
+    ratios with a t interval from their paired standard errors (Welch-Satterthwaite degrees of freedom). Levels
+    are measured apart, so their errors add; a kind without a paired row is absent."""
+    out: dict[str, Any] = {}
+    for kind in sorted({r["compares"] for r in rows if r["compares"].startswith("mechanism")}):
+        mine = [r for r in rows if r["compares"] == kind and r.get("log_se") and r.get("ratio") and r.get("df")]
+        if not mine:
+            continue
+        n = len(mine)
+        logs = [math.log(r["ratio"]) for r in mine]
+        var = sum(r["log_se"] ** 2 for r in mine) / n**2
+        df = (sum(r["log_se"] ** 2 for r in mine) ** 2) / sum(r["log_se"] ** 4 / r["df"] for r in mine)
+        half = float(sps.t.ppf(0.5 + confidence / 2, max(1.0, df))) * math.sqrt(var)
+        mean = sum(logs) / n
+        out[kind] = {
+            "ratio": math.exp(mean),
+            "ratio_lo": math.exp(mean - half),
+            "ratio_hi": math.exp(mean + half),
+            "levels": [r["concurrency"] for r in mine],
+        }
+    return out
+
+
 def _arm_proof(
     cells: dict[str, dict[float, Cell]],
     policy_arm: str,
@@ -76,6 +121,8 @@ def _arm_proof(
     baseline: str,
     settings: AnalysisSettings,
     cache: dict[str, CellBootstrap],
+    schedule: list[list[int]] | None = None,
+    members: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     metric = settings.primary_metric
     envelope: dict[float, Cell] = {}
@@ -116,10 +163,16 @@ def _arm_proof(
             status = "not decided"
             undecided.append(c)
             decide = rounds_to_decide(r["speedup"], lo, hi, floor, rounds)
+        best = best_of.get(c)
+        best_k = 0 if best == baseline else (members or {}).get(best or "")
+        paired_entry = r.get("paired") or {}
         rows.append(
             {
                 "concurrency": c,
-                "best_fixed_arm": best_of.get(c),
+                "best_fixed_arm": best,
+                "compares": what_it_compares(served_k(schedule, c), best_k),
+                "log_se": paired_entry.get("log_se"),
+                "df": paired_entry.get("df"),
                 "paired": bool((r.get("paired") or {}).get("blocks")),  # against the served arm, interleaved
                 "policy_value": r.get("spec_value"),
                 "best_value": r.get("baseline_value"),
@@ -160,6 +213,7 @@ def _arm_proof(
         "unjudged_levels": unjudged,
         "undecided_levels": undecided,
         "margin": settings.proof_margin,
+        "mechanism": mechanism_cost(rows, settings.confidence),
         "holds": None if undecided and not failing else (not failing and len(unjudged) < len(rows)),
         "verdict": verdict,
         "output_match_min": min(shares) if shares else None,
@@ -207,7 +261,9 @@ def policy_proof(
             }
             continue
         fixed = [baseline, *(a for a, c in arms_cfg.items() if c.get("family") == family and not c.get("policy"))]
-        proof = _arm_proof(cells, name, fixed, baseline, settings, cache)
+        proof = _arm_proof(
+            cells, name, fixed, baseline, settings, cache, sched.get("schedule"), sched.get("members") or {}
+        )
         proof.update(
             schedule=sched.get("schedule"),
             schedule_rule=sched.get("rule"),

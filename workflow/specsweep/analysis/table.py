@@ -248,6 +248,17 @@ def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:
             )
         approx = " (SGLang approximation: K=0 ranges draft 1 step)" if proof.get("approximate") else ""
         lines.append(f"{arm}: policy {proof['verdict']}{approx}")
+        for kind, m in (proof.get("mechanism") or {}).items():
+            lines.append(
+                f"{arm}: {kind}: {_fmt(m['ratio'])} [{_fmt(m['ratio_lo'])}, {_fmt(m['ratio_hi'])}] over "
+                f"C={', '.join(f'{c:g}' for c in m['levels'])} (the mechanism's own cost: same K, other path)"
+            )
+        switched = [r["concurrency"] for r in proof["per_level"] if r.get("compares") == "schedule"]
+        if switched:
+            lines.append(
+                f"{arm}: at C={', '.join(f'{c:g}' for c in switched)} the schedule serves another K than the best "
+                "fixed arm: those rows measure the schedule's choice too"
+            )
     return lines
 
 

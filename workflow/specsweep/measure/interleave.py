@@ -266,7 +266,10 @@ async def _measure_blocks(
         sizes.append(n)
         overheads.append(overhead)
         r += 1
-        if rounds.target is None or r < rounds.min_rounds:
+        if rounds.target is None:
+            continue
+        if r < rounds.min_rounds:
+            decisions.append(f"{r} of min_rounds {rounds.min_rounds}")
             continue
         if r >= rounds.max_rounds or rounds.rule is None:
             decisions.append(f"{BUDGET_SPENT} max_rounds {rounds.max_rounds}")

@@ -120,7 +120,19 @@ class Proof(Record):
     verdict: str = Field(description="in words (`not measured: ...` when the policy arm has no cells)")
     holds: bool | None = Field(description="whether the policy holds everywhere it was judged (null: not judged)")
     per_level: list[dict[str, Any]] | None = Field(
-        None, description="policy over best fixed arm per level, with its interval (absent: not measured)"
+        None,
+        description=(
+            "policy over best fixed arm per level, with its interval and what it `compares`: the mechanism (the "
+            "schedule serves that arm's own K: K>0 against the static flag, a K=0 range against the baseline "
+            "server) or the schedule (another K) (absent: not measured)"
+        ),
+    )
+    mechanism: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "per kind of mechanism row: the geometric mean ratio over its levels with a t interval (absent: no "
+            "such row)"
+        ),
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
+from specsweep.measure.metrics import measured as measured_rows
 from specsweep.measure.summary import read_judged
 from tests.conftest import REPO
 from tests.pipeline.conftest import EXP, mlflow_runs, snakemake
@@ -27,6 +28,8 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
     config = yaml.safe_load((REPO / "tests" / "pipeline" / "tiny.yaml").read_text())
     config["precision"] = {"target": TARGET, "min_rounds": 3, "max_rounds": MAX_ROUNDS, "max_block_growth": 4}
     config["workload"]["requests"] = {"per_concurrency": 2, "floor": 8, "max": 64}
+    # the printed interval is the replicates' percentiles: enough of them that it reads the half-width it rests on
+    config["analysis"]["bootstrap_samples"] = 4000
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(tmp_path, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -48,7 +51,7 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         assert len(log["decisions"]) == n and log["decisions"][-1].split(":")[0] in ("target met", "budget spent")
         # each round sent the requests its block size says (the ramp's rows are not measured)
         records = pd.read_parquet(cells["eagle3"] / "requests.parquet")
-        measured = records[records["measured"]] if "measured" in records else records
+        measured = records[measured_rows(records)]
         per_round = measured.groupby("repeat").size().to_dict()
         assert [per_round[r] for r in range(n)] == sizes, (per_round, sizes)
 

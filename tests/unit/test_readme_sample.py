@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.analysis.table import proof_header, table_header
+from specsweep.analysis.table import PRECISION_COLUMN, proof_header, table_header
 from specsweep.config import load
 from tests.conftest import REPO
 
@@ -44,7 +44,8 @@ def test_sample_has_the_tables_current_columns_and_lines() -> None:
     config = load(REPO / "config" / "config.yaml")
     conf = int(round(100 * config["analysis"]["confidence"]))
     _, lines = sample()
-    header = table_header(conf, "tok/s")
+    # the default measures each level to a precision target: its table has each level's rounds and half-width
+    header = table_header(conf, "tok/s", extra=PRECISION_COLUMN if config["precision"]["target"] else "")
     assert lines.count(header) == len(config["variants"]), f"each variant's table starts with {header!r}"
     spec = [a for a, v in config["arms"].items() if v["speculative"] and not v.get("policy")]
     for variant in config["variants"]:

@@ -128,6 +128,9 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+PRECISION_COLUMN = f" | {'rounds  +-':>13}"  # the table's column of each level's rounds and half-width
+
+
 def _precision_cell(p: dict[str, Any] | None) -> str:
     """A level's rounds and the half-width it reached; `!` where it stopped short of its target."""
     if not p:
@@ -168,7 +171,7 @@ def format_table(result: dict[str, Any]) -> str:
         extra = f" | {'running b / s':>13}" if running else ""
         mine = [r for r in table_rows(result) if r["arm"] == name]
         precise = any(r["precision"] for r in mine)
-        extra += f" | {'rounds  +-':>13}" if precise else ""
+        extra += PRECISION_COLUMN if precise else ""
         lines.append(table_header(conf, unit, LEVEL_LABEL.get(result.get("load", "closed"), "C"), extra))
         for r in mine:
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"

@@ -129,6 +129,9 @@ def config(dataset: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
         "experiment": EXP,
         "concurrency": [2],
         "repeats": 1,
+        # one round: a precision target builds a prompt set for every round and block size its budget allows
+        # (10 rounds of 4x blocks), which these 40-entry files cannot fill without cycling
+        "precision": {"target": None},
         "workload": {
             "input_tokens": 16,
             "requests": {"per_concurrency": 4, "floor": 8},

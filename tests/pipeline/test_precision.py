@@ -80,4 +80,5 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
 
     runs = mlflow_runs(tmp_path)
     crossover_run = runs[runs["tags.specsweep.kind"] == "crossover"].iloc[0]
-    assert crossover_run["metrics.eagle3.precision.half_width"] > 0
+    assert crossover_run["metrics.eagle3.speedup_half_width"] > 0
+    assert crossover_run["metrics.eagle3.speedup_rounds"] >= 3

@@ -178,11 +178,17 @@ def curves(data: dict[str, Any]) -> list[Any]:
                 v = finite_number(r.get(key)) if r.get("used") else None
                 if v is not None:
                     out.append(Metric(f"{arm_name}.{key}", v, now, level_step(r["concurrency"], load)))
-            # how precise each level came out (analysis/precision.py): half-width, rounds, variance components
-            for key, v in (r.get("precision") or {}).items():
-                number = float(v) if isinstance(v, bool) else finite_number(v)
-                if number is not None:
-                    out.append(Metric(f"{arm_name}.precision.{key}", number, now, level_step(r["concurrency"], load)))
+            # how precise each level came out (analysis/precision.py; its variance components stay in the
+            # crossover.json artifact): named after the speedup they qualify, so its chart stays the first
+            precision = r.get("precision") or {}
+            figures = {
+                "speedup_half_width": finite_number(precision.get("half_width")),
+                "speedup_rounds": finite_number(precision.get("rounds")),
+                "speedup_target_met": float(precision["met"]) if precision.get("target") is not None else None,
+            }
+            for key, v in figures.items():
+                if v is not None:
+                    out.append(Metric(f"{arm_name}.{key}", v, now, level_step(r["concurrency"], load)))
     for proof in (data.get("policy_proof") or {}).values():
         for r in proof.get("per_level") or []:
             for key in ("ratio", "ratio_lo", "ratio_hi"):

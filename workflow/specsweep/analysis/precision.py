@@ -32,7 +32,7 @@ from scipy import stats as sps
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
-from specsweep.measure.interleave import BUDGET_SPENT, LevelProgress
+from specsweep.measure.interleave import BUDGET_SPENT, LevelProgress, least_rounds
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PrecisionSettings:
         """With server instances, at least two rounds per instance (both arm orders on every instance)."""
         return cls(
             target=precision["target"],
-            min_rounds=max(int(precision["min_rounds"]), 2 * instances if instances > 1 else 0),
+            min_rounds=least_rounds(int(precision["min_rounds"]), instances),
             max_rounds=int(precision["max_rounds"]),
             max_level_s=precision.get("max_level_s"),
             max_block_growth=int(precision["max_block_growth"]),

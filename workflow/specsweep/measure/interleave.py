@@ -391,9 +391,13 @@ def level_rounds(spec: dict[str, Any], repeats: int, rule: RoundRule | None) -> 
 def rule_rounds(spec: dict[str, Any]) -> tuple[int, int]:
     """A precision level's least and most rounds (min_rounds raised to 2 per server instance)."""
     precision = spec["precision"]
-    instances = int(spec.get("pairing", {}).get("instances") or 1)
-    least = max(int(precision["min_rounds"]), 2 * instances if instances > 1 else 0)
+    least = least_rounds(int(precision["min_rounds"]), int(spec.get("pairing", {}).get("instances") or 1))
     return least, max(least, int(precision["max_rounds"]))
+
+
+def least_rounds(min_rounds: int, instances: int) -> int:
+    """min_rounds, raised to 2 per server instance where there are several (both arm orders on every one)."""
+    return max(min_rounds, 2 * instances if instances > 1 else 0)
 
 
 def needs_rule(spec: dict[str, Any]) -> bool:

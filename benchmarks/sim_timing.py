@@ -17,8 +17,8 @@ import time
 import aiohttp
 import psutil
 
-from specsweep.client.cpu import tree_cpu
 from specsweep.sim.profile import load_profile
+from specsweep.telemetry.process import tree_cpu
 from specsweep.virtual.loadcheck import closed_loop, sim_server
 from specsweep.virtual.predict import WORKLOAD_DEFAULTS, requests_for_level, simulate_level
 

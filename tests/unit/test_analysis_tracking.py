@@ -125,6 +125,16 @@ def _summary(c: int, valid: bool, n_requests: int, repeats: int = 1) -> dict[str
             "repeat_spread": {"output_tok_s_steady": {"sd": 1.0}},
             "tokens_per_chunk": {"mean": 2.5, "histogram": {"1": 3, "2": 4}},
         },
+        "repeats": [
+            {
+                "repeat": r,
+                "server_state": {
+                    "cpu": {"granted_share": 0.9 - 0.1 * r, "cpu_cores": 0.5, "rss_mb": 10.0 * (r + 1)},
+                    "gpus": None,
+                },
+            }
+            for r in range(repeats)
+        ],
         "validity": {"valid": valid, "reasons": [] if valid else ["machine busy"]},
     }
 
@@ -134,7 +144,12 @@ def test_cell_metrics_carry_something() -> None:
     one = cell_metrics(_summary(4, True, 16))
     assert "repeat_spread.output_tok_s_steady.sd" not in one and not [k for k in one if "histogram" in k]
     assert one["tokens_per_chunk.mean"] == 2.5 and one["valid"] == 1.0
-    assert "repeat_spread.output_tok_s_steady.sd" in cell_metrics(_summary(4, True, 16, repeats=3))
+    three = cell_metrics(_summary(4, True, 16, repeats=3))
+    assert "repeat_spread.output_tok_s_steady.sd" in three
+    # the serving side's worst block; a figure no block has (throttling, GPUs) is left out, not zeroed
+    assert three["server.granted_share_min"] == pytest.approx(0.7) and three["server.rss_mb_max"] == 30.0
+    assert three["server.cpu_cores_mean"] == 0.5
+    assert "server.cgroup_throttled_share_max" not in three and not [k for k in three if k.startswith("gpu.")]
 
 
 def test_sweep_params_are_true_for_the_whole_sweep() -> None:

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from specsweep import cli
 from specsweep import config as ssconfig
 from specsweep.stack import preflight
-from tests.support import nvidia_smi
+from tests.support import fakenvml, nvidia_smi
 
 pytestmark = pytest.mark.unit
 
@@ -250,3 +251,84 @@ def test_default_sim_config_passes(capsys, monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     rc, out = _run(["--configfile", str(REPO / "config" / "config.yaml"), "--root", str(REPO)], capsys)
     assert rc == 0 and "preflight passed" in out
+
+
+H200 = dict(nvidia_smi.H100, name="NVIDIA H200", **{"memory.total": "143771"})
+
+
+def _state(found: list[preflight.Finding]) -> list[preflight.Finding]:
+    return [f for f in found if f.check == "gpu state"]
+
+
+def test_gpu_state_per_gpu_from_nvml(tmp_path, smi, no_network) -> None:
+    """4 x H200 at idle (tests/support/nvml_payloads/idle_mixed.json): one finding per GPU of the variant."""
+    smi([H200] * 4)
+    fake = fakenvml.load("idle_mixed")
+    pres = [_pre(tmp_path, {"tp": 4, "gpus": "0,1,2,3"}), _pre(tmp_path, {"tp": 2, "gpus": "1,3"}) | {"variant": "w"}]
+    found = preflight.preflight(pres, tmp_path, nvml=fake)
+    assert fake.calls["nvmlInit"] == 1 and fake.inits == fake.shutdowns  # one snapshot for every variant
+    g0, g1, g2, g3 = _state([f for f in found if f.variant == "v"])
+    assert (g0.level, g0.fix) == ("ok", "")
+    assert g0.message == (
+        "GPU 0 NVIDIA H200: SM 345/1980 MHz at idle, 75 W of 700 W limit (default 700 W), 31 C, persistence on, "
+        "no other process"
+    )
+    assert g1.level == "warning" and "persistence off (the first CUDA call then waits for the driver" in g1.message
+    assert "nvidia-smi -i 1 -pm 1" in g1.fix
+    assert g2.level == "warning" and "77 W of 500 W limit (default 700 W)" in g2.message
+    assert "nvidia-smi -i 2 -pl 700" in g2.fix
+    assert g3.level == "warning" and "other process(es) 7777 hold 20480 MiB" in g3.message
+    assert "hw_slowdown (slowed by heat or power)" in g3.message and "gpu_idle" not in g3.message.split("event")[-1]
+    assert "stop them" in g3.fix and "cooling" in g3.fix
+    assert [f.message.split(":")[0] for f in _state([f for f in found if f.variant == "w"])] == [
+        "GPU 1 NVIDIA H200",
+        "GPU 3 NVIDIA H200",
+    ]
+    # no `gpus`: every GPU the snapshot has
+    found = preflight.preflight([_pre(tmp_path, {"tp": 1, "gpus": None})], tmp_path, nvml=fakenvml.load("idle_mixed"))
+    assert len(_state(found)) == 4
+
+
+def test_gpu_state_power_cap_is_reported_not_warned(tmp_path, smi, no_network) -> None:
+    smi([nvidia_smi.H100])
+    fake = fakenvml.load("power_capped")
+    fake.gpus[0]["readings"]["compute_processes"] = [[]]  # recorded under load: the server's process, gone here
+    found = preflight.preflight([_pre(tmp_path, {"tp": 1, "gpus": "0"})], tmp_path, nvml=fake)
+    [g] = _state(found)
+    assert g.level == "ok" and "clock event reasons: sw_power_cap" in g.message and "slowed" not in g.message
+    assert "SM 1905/1980 MHz," in g.message and "699 W of 700 W limit" in g.message
+
+
+def test_gpu_state_from_nvidia_smi_without_nvml(tmp_path, smi, no_network) -> None:
+    smi_cells = {
+        "uuid": "GPU-1",
+        "clocks.sm": "345",
+        "clocks.mem": "2619",
+        "clocks.max.sm": "1980",
+        "power.draw": "71.40",
+        "power.limit": "700.00",
+        "power.default_limit": "700.00",
+        "temperature.gpu": "29",
+        "persistence_mode": "Enabled",
+        "clocks_throttle_reasons.active": "0x0000000000000001",
+    }
+    smi([dict(nvidia_smi.H100, **smi_cells)] * 2)
+    no_nvml = fakenvml.load("clean", init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    [g0, g1] = _state(preflight.preflight([_pre(tmp_path, {"tp": 2, "gpus": "0,1"})], tmp_path, nvml=no_nvml))
+    assert g0.level == "ok" and g0.message == (
+        "GPU 0 NVIDIA H100 80GB HBM3: SM 345/1980 MHz at idle, 71 W of 700 W limit (default 700 W), 29 C, "
+        "persistence on, other processes not read (read by nvidia-smi)"
+    )
+    # an nvidia-smi that lists the GPUs but not their state: one warning, and why
+    smi([nvidia_smi.H100] * 2)
+    [w] = _state(preflight.preflight([_pre(tmp_path, {"tp": 2, "gpus": "0,1"})], tmp_path, nvml=no_nvml))
+    assert w.level == "warning" and "NVML Shared Library Not Found" in w.message and "libnvidia-ml" in w.fix
+
+
+def test_gpu_state_without_nvml_or_nvidia_smi_adds_nothing(tmp_path, no_network, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    no_nvml = fakenvml.load("clean", init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    found = preflight.preflight([_pre(tmp_path, {})], tmp_path, nvml=no_nvml)
+    assert _state(found) == []
+    [gpus] = [f for f in found if f.check == "GPUs"]
+    assert gpus.level == "error" and "no nvidia-smi" in gpus.message

@@ -33,7 +33,7 @@ from specsweep.analysis.paired import PairedEstimate, paired_estimate, pairing_o
 from specsweep.analysis.precision import LevelPrecision, level_precision, precision_notes
 from specsweep.analysis.running import running_requests_view
 from specsweep.config import configured_levels, defaults, load_mode
-from specsweep.measure.heal import is_drift
+from specsweep.measure.heal import is_drift, is_server_slowed
 from specsweep.measure.metrics import slo_seconds
 
 __all__ = [
@@ -530,6 +530,12 @@ def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     }
 
 
+def _slowed_attempts(cell: Cell) -> bool:
+    """Whether an attempt of the cell's level found a block served by a slowed server (`gates.server_state_gate`)."""
+    log = (cell.summary.get("attempts") or {}).get("log") or []
+    return any(is_server_slowed(r) for entry in log for r in entry["reasons"])
+
+
 def _repeats_note(methods: list[str], n_repeats: list[int]) -> tuple[bool, str | None]:
     """Whether the intervals hold within-run noise only (a cell with one repeat), and the note that says so."""
     if "blocks" in methods:
@@ -661,6 +667,13 @@ def analyze_arm(
             f"the host changed speed inside the level at {sym}={levels_text(drifted)}, in two attempts in a row "
             "(the cells' drift flags): kept, the rounds' spread carries it into the interval; more rounds "
             "(repeats) or fewer arms per level narrow it"
+        )
+    slowed = [c for c in used if any(_slowed_attempts(x) for x in (base_cells[c], spec_cells[c]))]
+    if slowed:
+        verdict["notes"].append(
+            f"a server slowed in a block at {sym}={levels_text(slowed)} (it got less of its CPUs or GPUs than in "
+            "its other blocks, gates.max_server_slowdown): that attempt is kept under the cell's attempts/ and the "
+            "level was measured again; the answer uses the attempt that counts"
         )
     included_invalid = sorted({e["concurrency"] for e in invalid if e["included"]})
     if included_invalid:

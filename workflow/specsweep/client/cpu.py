@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
+from specsweep.telemetry.process import TreeReading, read_tree, server_state
 
 __all__ = [
     "CpuPlan",
@@ -224,28 +224,6 @@ def _cpu_ticks(cpus: tuple[int, ...] | None) -> tuple[float, float]:
     return busy / _TICK, steal / _TICK
 
 
-def tree_cpu(pid: int | None) -> tuple[float, int] | None:
-    """(CPU seconds used so far, number of processes) of process `pid` and its live descendants (None when it
-    is gone). The count sizes the accounting's quantisation: each process's user and system times are whole
-    clock ticks."""
-    if pid is None:
-        return None
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total, n = 0.0, 0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # a worker that just ended
-            continue
-        total += t.user + t.system
-        n += 1
-    return total, n
-
-
 @dataclass
 class HostSnapshot:
     """CPU accounting of the measurement's CPUs, the server tree and this process at one instant."""
@@ -255,12 +233,12 @@ class HostSnapshot:
     wall: float = field(default_factory=time.monotonic)
     busy: float = 0.0
     steal: float = 0.0
-    server: float | None = None
-    server_procs: int = 0
+    server: TreeReading | None = None
     own: float = field(default_factory=time.process_time)
 
-    def since(self, start: HostSnapshot) -> dict[str, float | None]:
-        """Shares of the watched CPUs' capacity over the interval: the server's, other processes', stolen.
+    def since(self, start: HostSnapshot) -> dict[str, Any]:
+        """Shares of the watched CPUs' capacity over the interval: the server's, other processes', stolen; and
+        the server tree's own state (`telemetry.process.server_state`: its share of the CPUs it was allowed).
 
         `foreign_cpu_resolution` is the smallest foreign share the counters can tell from none over this
         interval: the CPUs' busy time and each server process's user and system times are whole clock ticks
@@ -269,22 +247,24 @@ class HostSnapshot:
         """
         wall = max(self.wall - start.wall, 1e-9)
         n = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
-        server = None if self.server is None or start.server is None else self.server - start.server
-        foreign = resolution = None
-        if server is not None:
+        state = None if self.server is None or start.server is None else server_state(start.server, self.server)
+        foreign = resolution = server = None
+        if state is not None:
+            server = float(state["cpu_cores"]) * wall
             foreign = max(0.0, (self.busy - start.busy) - server - (self.own - start.own))
-            ticks = n + 2 * max(self.server_procs, start.server_procs)
+            assert self.server is not None and start.server is not None
+            ticks = n + 2 * max(self.server.procs, start.server.procs)
             resolution = ticks / _TICK / (wall * n)
         return {
             "server_cpu_cores": None if server is None else server / wall,
             "foreign_cpu_share": None if foreign is None else foreign / (wall * n),
             "foreign_cpu_resolution": resolution,
             "steal_share": (self.steal - start.steal) / (wall * n),
+            "server_state": state,
         }
 
 
 def host_snapshot(cpus: tuple[int, ...] | None, server_pid: int | None) -> HostSnapshot:
     busy, steal = _cpu_ticks(cpus)
-    tree = tree_cpu(server_pid)
-    server, procs = (None, 0) if tree is None else tree
-    return HostSnapshot(cpus, server_pid, busy=busy, steal=steal, server=server, server_procs=procs)
+    tree = None if server_pid is None else read_tree(server_pid)
+    return HostSnapshot(cpus, server_pid, busy=busy, steal=steal, server=tree)

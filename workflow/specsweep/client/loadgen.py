@@ -28,6 +28,7 @@ from specsweep.client.cpu import host_snapshot, usage_now
 from specsweep.client.fasthttp import FastPool
 from specsweep.client.looplag import LoopLagMonitor
 from specsweep.client.prompts import LevelPrompts, PromptSet
+from specsweep.telemetry.gpu import gpu_watch
 
 # One row of requests.parquet (docs/ARCHITECTURE.md "Request record"): the single description of a record's
 # columns and their Arrow types; every requests.parquet has this schema, even an empty or all-failed cell.
@@ -92,6 +93,7 @@ class RepeatResult:
     counters: tuple[dict[str, float], dict[str, float]] | None = None  # engine counters before, after
     client: dict[str, Any] = field(default_factory=dict)  # CPU shares and stamp statistics
     prompts: PromptSet | None = None
+    server_state: dict[str, Any] | None = None  # the serving side during it (records.ServerState); None: not watched
 
 
 @dataclass
@@ -281,6 +283,16 @@ async def run_open_loop(
     return records
 
 
+def serving_state(
+    cpu: dict[str, Any] | None, watch_gpus: tuple[int, ...] | None, gpus: list[dict[str, Any]] | None
+) -> dict[str, Any] | None:
+    """A block's `server_state` (records.ServerState): the server tree's CPU figures and each watched GPU's.
+    None where nothing of the server was watched (`specsweep bench` against a server elsewhere)."""
+    if cpu is None and watch_gpus is None:
+        return None
+    return {"cpu": cpu, "gpus_watched": watch_gpus is not None, "gpus": gpus}
+
+
 async def probe_idle(seconds: float, interval_s: float) -> list[float]:
     """Loop-lag samples with nothing in flight: the host's own timer jitter, against which the measured
     repeat's lag is judged (a VM's jitter is no sign of a saturated client)."""
@@ -306,6 +318,7 @@ async def measure_level(
     reset_cache: bool = True,
     server_pid: int | None = None,
     watch_cpus: tuple[int, ...] | None = None,
+    watch_gpus: tuple[int, ...] | None = None,
     idle_probe_s: float = 0.5,
     lag_interval_s: float = 0.010,
     on_done: ProgressFn | None = None,
@@ -321,7 +334,9 @@ async def measure_level(
     repeat: the engine's prefix cache is reset (`hooks`), the host's idle loop lag is probed, counters are read.
     Around the closed loop: the client's CPU time, run-queue wait and chunk-stamp statistics, and (with
     `server_pid`) the CPU time of the server tree and of other processes on `watch_cpus` (the client's and the
-    server's CPUs). After it, the counters again.
+    server's CPUs), the server tree's share of the CPUs it was allowed, and (with `watch_gpus`, () for every GPU)
+    the GPUs' clocks, power and throttle reasons sampled through NVML: the block's `server_state`. After it, the
+    counters again.
 
     With `plans` (one ArrivalPlan per repeat) each repeat is an open loop (`run_open_loop`, at most
     `max_in_flight` in flight) instead of the closed loop, and the warm-up replays `warmup_plan` (the
@@ -364,6 +379,11 @@ async def measure_level(
             gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-level
             monitor = LoopLagMonitor(lag_interval_s).start()
             host0 = host_snapshot(watch_cpus, server_pid)
+            gpus = None
+            if watch_gpus is not None:
+                gpus = gpu_watch(watch_gpus or None, host0.server.pids if host0.server is not None else ())
+                if gpus is not None:
+                    gpus.start()
             cpu0 = usage_now()
             try:
                 if plans is not None and max_in_flight is not None:
@@ -385,6 +405,7 @@ async def measure_level(
             finally:
                 cpu = usage_now().since(cpu0)
                 host = host_snapshot(watch_cpus, server_pid).since(host0)
+                gpu_states = None if gpus is None else gpus.stop()
                 lag = await monitor.stop()
                 gc.unfreeze()
             after = await hooks.counters(s, spec.url) if hooks is not None else None
@@ -405,6 +426,7 @@ async def measure_level(
                     counters,
                     {**cpu, **host, "stamps": stamps, "transport": spec.transport},
                     prompts.repeats[rep],
+                    serving_state(host.pop("server_state"), watch_gpus, gpu_states),
                 )
             )
     finally:

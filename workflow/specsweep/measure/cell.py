@@ -76,6 +76,15 @@ def check_model(variant: dict[str, Any]) -> None:
         )
 
 
+def watched_gpus(variant: dict[str, Any]) -> tuple[int, ...] | None:
+    """The GPUs a variant's server runs on, watched during every block (`telemetry.gpu`): its `gpus` set, () for
+    every GPU where an SGLang variant names none, None where it runs on CPUs (the simulated engine, vLLM's CPU
+    build)."""
+    if variant.get("gpus"):
+        return tuple(int(x) for x in str(variant["gpus"]).replace(" ", "").split(",") if x)
+    return () if variant.get("engine") == "sglang" else None
+
+
 def fixed_output_tokens(output: Any) -> int:
     """The level's nominal output length: the fixed value, or the top of a uniform or reference range
     (per-request lengths are then in the prompt sets, so this is only a fallback, and the warm-up's cap)."""
@@ -328,6 +337,7 @@ async def measure(
             hooks=engine,
             server_pid=server_pid,
             watch_cpus=plan.watched,
+            watch_gpus=watched_gpus(spec["variant"]),
             idle_probe_s=spec["client"]["idle_probe_s"],
             session=session,
             plans=inputs.plans,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specsweep.measure.heal import drift_persists
+from specsweep.measure.heal import SLOWED_PREFIX, drift_persists
 from specsweep.measure.metrics import goodput_rps, measure_summary, send_lag, stats
 
 # A repeat whose chunks were kernel-stamped in at least this share of reads: loop lag cannot move its stamps.
@@ -213,6 +213,99 @@ def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, An
     return f"{said}; re-measure it", None
 
 
+def _instance_of(measured_summary: Mapping[str, Any]) -> dict[int, Any]:
+    """Each repeat's server instance (pairing.instances > 1), None for all where there is one."""
+    return {int(b["repeat"]): b.get("instance") for b in (measured_summary.get("pairing") or {}).get("blocks") or []}
+
+
+def _below_median(values: Mapping[int, float], tolerance: float) -> list[tuple[int, float, float]]:
+    """(repeat, value, median) of each value more than `tolerance` (a share) below the median of `values`."""
+    if len(values) < 2:
+        return []
+    med = float(np.median(list(values.values())))
+    return [(r, v, med) for r, v in sorted(values.items()) if v < (1.0 - tolerance) * med]
+
+
+def server_state_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(reasons, flags) of the serving side: each block against the arm's other blocks at this level on the same
+    server instance. A block whose server's threads got a smaller share of the CPU time they were ready for, or
+    whose GPU ran a lower SM clock, by more than `max_server_slowdown` below the median, or whose GPU had a thermal
+    or power-brake throttle reason active, was served by a slower machine: a different operating point, which
+    moves the paired ratio itself (pairing only cancels what scales both arms alike). Re-measured like the host's
+    transient causes (`heal`). A server throttled alike in every block is one operating point: its cgroup's
+    throttling is flagged, not judged."""
+    reps = measured_summary["repeats"]
+    states = {int(r["repeat"]): r.get("server_state") for r in reps}
+    if len(reps) < 2:
+        return [], []
+    if all(st is None for st in states.values()):
+        return [], [
+            "serving side not watched: the server's process was not readable (a server on another host), "
+            "so a block served by a slowed server is not seen"
+        ]
+    tol = float(gates["max_server_slowdown"])
+    on = _instance_of(measured_summary)
+    reasons: list[str] = []
+    flags: list[str] = []
+    by_instance: dict[Any, list[int]] = {}
+    for r in states:
+        by_instance.setdefault(on.get(r), []).append(r)
+    judged_cpu = False
+    for rs in by_instance.values():
+        cpu = {r: (states[r] or {}).get("cpu") or {} for r in rs}
+        granted = {r: float(c["granted_share"]) for r, c in cpu.items() if c.get("granted_share") is not None}
+        judged_cpu |= len(granted) >= 2
+        for r, g, med in _below_median(granted, tol):
+            throttled = cpu[r].get("cgroup_throttled_share")
+            by = f"; its cgroup's CPU quota throttled it {throttled:.0%} of the block" if throttled else ""
+            reasons.append(
+                f"repeat {r}: {SLOWED_PREFIX} its threads got {g:.0%} of the CPU time they were ready for, "
+                f"{1 - g / med:.0%} below the arm's median {med:.0%} at this level (> {tol:.0%}{by}): another "
+                "operating point; re-measure it"
+            )
+        quota = [r for r, c in cpu.items() if (c.get("cgroup_throttled_share") or 0.0) > 0.01]
+        if quota:
+            flags.append(
+                f"the server's cgroup CPU quota throttled it in repeat(s) {quota} "
+                f"({cpu[quota[0]]['cgroup_throttled_share']:.0%} of the first): its quota binds"
+            )
+        gpus: dict[int, dict[int, Mapping[str, Any]]] = {}
+        for r in rs:
+            for g in (states[r] or {}).get("gpus") or []:
+                gpus.setdefault(int(g["index"]), {})[r] = g
+        for index, per_rep in sorted(gpus.items()):
+            clocks = {r: float(g["sm_clock_mhz"]) for r, g in per_rep.items() if g.get("sm_clock_mhz") is not None}
+            for r, mhz, med in _below_median(clocks, tol):
+                reasons.append(
+                    f"repeat {r}: {SLOWED_PREFIX} GPU {index} SM clock {mhz:.0f} MHz, {1 - mhz / med:.0%} below the "
+                    f"arm's median {med:.0f} MHz at this level (> {tol:.0%}); re-measure it"
+                )
+            for r, g in sorted(per_rep.items()):
+                if g.get("throttled_thermal_power"):
+                    reasons.append(
+                        f"repeat {r}: {SLOWED_PREFIX} GPU {index} throttled "
+                        f"({', '.join(g.get('throttle_reasons') or [])}); re-measure it"
+                    )
+                if g.get("other_processes_mib"):
+                    flags.append(
+                        f"repeat {r}: GPU {index}: other processes held {g['other_processes_mib']:.0f} MiB "
+                        "(they may take its SMs too)"
+                    )
+                if g.get("ecc_uncorrected") or g.get("xid_events"):
+                    flags.append(
+                        f"repeat {r}: GPU {index}: uncorrected ECC errors {g.get('ecc_uncorrected') or 0}, "
+                        f"XID events {g.get('xid_events') or []}"
+                    )
+    if not judged_cpu:
+        flags.append(
+            "server CPU share not judged: no two blocks on one server instance with the scheduler's per-thread "
+            "accounting (/proc/<pid>/task/<tid>/schedstat)"
+        )
+    if any((st or {}).get("gpus_watched") and (st or {}).get("gpus") is None for st in states.values()):
+        flags.append("GPU state not judged: NVML unavailable (no NVIDIA driver library, or it failed to start)")
+    return reasons, flags
+
+
 def judge(
     measured_summary: Mapping[str, Any],
     records: pd.DataFrame,
@@ -246,6 +339,10 @@ def judge(
         prefix = f"repeat {r}: " if multi else ""
         reasons += [prefix + x for x in v["reasons"]]
         flags += [x if x.startswith("C=") else prefix + x for x in v["flags"]]
+    served_reasons, served_flags = server_state_gate(measured_summary, gates)
+    valid &= not served_reasons
+    reasons += served_reasons
+    flags += served_flags
     drift_reason, drift_flag = block_drift_gate(measured_summary, gates)
     if drift_reason:
         valid = False

@@ -4,7 +4,8 @@ kept on disk, and the cell says which attempt counts and why the others did not.
 Why here and not in the analysis: the analysis judges stored records and stays free to rerun (a gate change
 re-judges, it never re-measures); only the job that holds the server can measure again, while it still holds it.
 Transient means the host, not the engine: other processes on the measured CPUs, a starved or saturated client,
-host jitter in the client's loop. Server errors, short outputs, prefix-cache hits, shared CPUs and a closed
+host jitter in the client's loop, a server given less of its CPUs or GPUs in some blocks than in its others.
+Server errors, short outputs, prefix-cache hits, shared CPUs and a closed
 loop that did not reach its concurrency are the engine's or the config's doing: measuring again would repeat
 them, so they end the attempts at once.
 
@@ -23,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+SLOWED_PREFIX = "server slowed:"  # specsweep.measure.gates.server_state_gate's reasons
 # Reason texts of specsweep.measure.gates.validity that the host causes (their start, after any "repeat N: " prefix).
 TRANSIENT_PREFIXES = (
     "machine busy:",
@@ -31,6 +33,7 @@ TRANSIENT_PREFIXES = (
     "client event-loop lag",
     "client sent late:",
     "drift:",  # an interleaved level whose host changed speed between its first and last block
+    SLOWED_PREFIX,  # a block whose server got less of its CPUs or GPUs than its other blocks (gates)
 )
 # ...and those other work causes, which a wait for quiet CPUs can outlast (a saturated client or a lagging loop is
 # the client's own load: measuring again may pass, waiting does not help).
@@ -48,6 +51,11 @@ def is_transient(reason: str) -> bool:
 def is_drift(reason: str) -> bool:
     """Whether one validity reason is an interleaved level's drift (`gates.block_drift_gate`)."""
     return _REPEAT.sub("", reason).startswith(DRIFT_PREFIX)
+
+
+def is_server_slowed(reason: str) -> bool:
+    """Whether one validity reason is a block served by a slowed server (`gates.server_state_gate`)."""
+    return _REPEAT.sub("", reason).startswith(SLOWED_PREFIX)
 
 
 def drift_persists(log: list[dict[str, Any]]) -> bool:

@@ -47,6 +47,7 @@ from specsweep.measure.cell import (
     level_inputs,
     level_summary_of,
     prepare_cell,
+    watched_gpus,
 )
 from specsweep.measure.metrics import jsonable
 from specsweep.measure.summary import judged, write_cell
@@ -250,6 +251,7 @@ async def _measure_blocks(
                     hooks=cell.engine,
                     server_pid=recs[measured].server_pid,
                     watch_cpus=cell.plan.watched,
+                    watch_gpus=watched_gpus(cell.spec["variant"]),
                     idle_probe_s=cell.spec["client"]["idle_probe_s"],
                     session=session,
                 )

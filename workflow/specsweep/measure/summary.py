@@ -209,6 +209,7 @@ def level_summary(
         rep_out["t0_unix"] = rep.t0_unix
         rep_out["cache_reset"] = rep.cache_reset
         rep_out["prompt_set_sha256"] = rep.prompts.sha256 if rep.prompts is not None else None
+        rep_out["server_state"] = rep.server_state
     if level.warmup_errors:
         s["measurement"]["flags"].append(f"{level.warmup_errors} warm-up request(s) failed")
     if not prompts.unique:

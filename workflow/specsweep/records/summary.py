@@ -53,6 +53,62 @@ class Metrics(Record):
     e2e_ms: Distribution = Field(description="send to last token")
 
 
+class ServerCpu(Record):
+    """The server process tree's CPUs during one block (`specsweep.telemetry.process`, from /proc and its cgroup)."""
+
+    granted_share: float | None = Field(
+        description="CPU time its threads got over the time they were ready to run (got + waited for a CPU), from "
+        "/proc/<pid>/task/<tid>/schedstat; null where the kernel does not expose it"
+    )
+    wait_cores: float | None = Field(description="CPU seconds per second its threads were ready but waited")
+    cpu_cores: float = Field(description="CPU seconds per second the tree used (user + system, clock ticks)")
+    allowed_cores: float = Field(description="the CPUs it was allowed: its CPU set, or its cgroup's quota if lower")
+    cpu_share: float = Field(description="cpu_cores over allowed_cores")
+    cpu_share_resolution: float = Field(description="the smallest cpu_share change the clock ticks tell apart")
+    cpus: list[int] = Field(description="the CPUs its processes may run on (affinity, all of them)")
+    cgroup_quota_cores: float | None = Field(description="its cgroup's CPU quota in cores (null: unlimited or unread)")
+    cgroup_throttled_share: float | None = Field(
+        description="share of the block its cgroup was throttled by that quota (null: not exposed)"
+    )
+    rss_mb: float | None = Field(description="resident memory of the tree at the block's end, MiB")
+    procs: int = Field(description="processes in the tree")
+
+
+class GpuState(Record):
+    """One GPU during one block, sampled through NVML (`specsweep.telemetry.gpu`; docs/metrics.md). A figure the
+    GPU does not expose is null."""
+
+    index: int = Field(description="the GPU's NVML index (nvidia-smi's order)")
+    uuid: str | None = Field(description="its UUID")
+    name: str | None = Field(description="its model name")
+    source: str = Field(description="nvml")
+    samples: int = Field(description="readings taken during the block (every 0.5 s, at least one)")
+    sm_clock_mhz: float | None = Field(description="median SM clock over the block's samples")
+    sm_clock_min_mhz: float | None = Field(description="lowest SM clock sampled")
+    sm_clock_max_mhz: float | None = Field(description="the GPU's maximum SM clock")
+    mem_clock_mhz: float | None = Field(description="median memory clock")
+    power_w: float | None = Field(description="mean power draw, W")
+    power_limit_w: float | None = Field(description="the enforced power limit, W")
+    temperature_c: float | None = Field(description="highest GPU temperature sampled, C")
+    throttle_reasons: list[str] | None = Field(description="throttle (clock event) reasons active in any sample")
+    throttled_thermal_power: bool | None = Field(
+        description="a thermal or power-brake throttle reason was active in some sample (not sw_power_cap)"
+    )
+    other_processes_mib: float | None = Field(description="GPU memory held by processes outside the server, MiB")
+    other_processes: list[int] | None = Field(description="those processes' pids")
+    ecc_uncorrected: int | None = Field(description="volatile uncorrected ECC errors during the block")
+    xid_events: list[int] | None = Field(description="XID codes posted during the block")
+    energy_j: float | None = Field(description="energy used during the block, J")
+
+
+class ServerState(Record):
+    """The serving side during one block: its CPUs and, for GPU engines, its GPUs."""
+
+    cpu: ServerCpu | None = Field(description="the server tree's CPUs (null: the server's process was not readable)")
+    gpus_watched: bool = Field(description="whether its GPUs were watched (a GPU variant)")
+    gpus: list[GpuState] | None = Field(description="each watched GPU (null: not watched, or NVML unavailable)")
+
+
 class RepeatSummary(Record):
     """One repeat (closed loop) or one interleaved block of the level."""
 
@@ -61,6 +117,9 @@ class RepeatSummary(Record):
     t0_unix: float | None = Field(None, description="wall-clock time of its first send")
     cache_reset: str | None = Field(None, description="outcome of the prefix-cache reset before it")
     prompt_set_sha256: str | None = Field(None, description="the prompts it sent")
+    server_state: ServerState | None = Field(
+        None, description="the serving side during it (null: the server's process was not watched)"
+    )
 
 
 class Measurement(Record):

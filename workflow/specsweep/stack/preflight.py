@@ -2,9 +2,11 @@
 
 Per variant: the GPUs it names (count and model, from `nvidia-smi --query-gpu`), their compute capability
 against what the variant asks for (FlashInfer all-reduce fusion on SM120 needs a patch in the recipe), the
-driver against the recipe's CUDA lane, free disk for the environment and the results, the model and draft
-model folders (each with a `config.json` the engine can read), a fixed port that is already taken, and the
-package indexes the recipe names (when its environment is not built yet). Each finding names its fix.
+driver against the recipe's CUDA lane, each GPU's state (clocks, power limit, temperature, throttle reasons,
+persistence mode, other processes' memory: NVML, `specsweep.telemetry.gpu`), free disk for the environment
+and the results, the model and draft model folders (each with a `config.json` the engine can read), a fixed
+port that is already taken, and the package indexes the recipe names (when its environment is not built yet).
+Each finding names its fix.
 
     specsweep preflight --configfile config/examples/kimi-k25-8gpu.yaml [--variant cu130-fusion]
 
@@ -28,6 +30,7 @@ from typing import Any
 
 from specsweep.redact import redact_uri
 from specsweep.stack import envbuild
+from specsweep.telemetry.gpu import gpu_snapshot
 
 GPU_FIELDS = ("index", "name", "compute_cap", "driver_version", "memory.total")
 SMI_TIMEOUT_S = 5.0
@@ -264,6 +267,83 @@ def check_gpus(
     return found
 
 
+def _gpu_state_message(g: dict[str, Any]) -> tuple[str, list[str]]:
+    """One GPU's figures, and the fixes of what is off (not judged: idle clocks, sw_power_cap)."""
+    i = g["index"]
+    reasons = g.get("throttle_reasons")
+    sm, sm_max = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
+    parts = [
+        ("SM clock not read" if sm is None else f"SM {sm:.0f}/{'?' if sm_max is None else f'{sm_max:.0f}'} MHz")
+        + (" at idle" if reasons and "gpu_idle" in reasons else "")
+    ]
+    fixes = []
+    power, limit, default = g.get("power_w"), g.get("power_limit_w"), g.get("power_limit_default_w")
+    watts = "power not read" if power is None else f"{power:.0f} W"
+    if limit is not None:
+        watts += f" of {limit:.0f} W limit" + ("" if default is None else f" (default {default:.0f} W)")
+    parts.append(watts)
+    if limit is not None and default is not None and limit < default - 0.5:
+        parts[-1] += ": the limit is lowered"
+        fixes.append(f"restore the default limit (`sudo nvidia-smi -i {i} -pl {default:.0f}`)")
+    if g.get("temperature_c") is not None:
+        parts.append(f"{g['temperature_c']:.0f} C")
+    if g.get("persistence_mode") is not None:
+        parts.append("persistence on" if g["persistence_mode"] else "persistence off")
+    if g.get("persistence_mode") is False:
+        parts[-1] += " (the first CUDA call then waits for the driver to load)"
+        fixes.append(f"turn persistence mode on (`sudo nvidia-smi -i {i} -pm 1`, or run nvidia-persistenced)")
+    pids, mib = g.get("other_processes"), g.get("other_processes_mib")
+    if pids is None:
+        parts.append("other processes not read")
+    elif not pids and not mib:
+        parts.append("no other process")
+    else:
+        parts.append(f"other process(es) {', '.join(map(str, pids))} hold {mib or 0:.0f} MiB")
+        fixes.append("stop them, or give the variant other GPUs (variants.<name>.gpus)")
+    slowing = sorted(set(reasons or ()) - {"gpu_idle"})
+    if slowing:
+        parts.append(f"clock event reasons: {', '.join(slowing)}")
+    if g.get("throttled_thermal_power"):
+        parts[-1] += " (slowed by heat or power)"
+        fixes.append(
+            "check cooling and power delivery (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE` names the cause), "
+            "and measure once it clears"
+        )
+    source = "" if g.get("source") == "nvml" else f" (read by {g.get('source')})"
+    return f"GPU {i} {g.get('name') or '?'}: {', '.join(parts)}{source}", fixes
+
+
+def check_gpu_state(variant: str, spec: dict[str, Any], state: Any, gpus: Any) -> list[Finding]:
+    """One finding per GPU of the variant (its `gpus`; none given: every GPU) from the snapshot `state`:
+    a warning for an active thermal/power throttle reason, a lowered power limit, persistence mode off, or
+    another process's memory on it. No snapshot and no nvidia-smi: nothing (check_gpus says it)."""
+    if spec["engine"] not in GPU_ENGINES and not spec.get("gpus"):
+        return []
+    snap, why = state
+    if snap is None:
+        if gpus[0] is None:
+            return []
+        return [
+            Finding(
+                "warning",
+                variant,
+                "gpu state",
+                f"not read: {why.rstrip('.')}",
+                "make NVML readable where preflight runs (the driver's libnvidia-ml.so.1 and the nvidia-ml-py "
+                "package): the load generator reads the GPUs through it during each block too",
+            )
+        ]
+    wanted = [g.strip() for g in str(spec.get("gpus") or "").split(",") if g.strip()]
+    by_index = {str(g["index"]): g for g in snap}
+    found = []
+    for index in wanted or list(by_index):
+        if index not in by_index:
+            continue  # not there: check_gpus says so
+        message, fixes = _gpu_state_message(by_index[index])
+        found.append(Finding("warning" if fixes else "ok", variant, "gpu state", message, "; ".join(fixes)))
+    return found
+
+
 def _fusion_findings(variant: str, spec: dict[str, Any], recipe: dict[str, Any] | None, caps: list[str]) -> list:
     majors = {int(_version(c)[0]) for c in caps if _version(c)}
     unsupported = sorted(m for m in majors if m not in FUSION_CAPS)
@@ -417,8 +497,11 @@ def all_args(pre: dict[str, Any]) -> list[str]:
     return list(pre["spec"].get("server_args") or []) + [a for args in pre["arm_args"].values() for a in args]
 
 
-def check_variant(pre: dict[str, Any], root: Path, gpus: Any) -> tuple[list[Finding], list[tuple[str, str]]]:
-    """Every check of one variant but the index probes, which are returned to run in parallel."""
+def check_variant(
+    pre: dict[str, Any], root: Path, gpus: Any, state: Any = (None, "")
+) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """Every check of one variant but the index probes, which are returned to run in parallel. `gpus`:
+    query_gpus()'s answer; `state`: gpu_snapshot()'s."""
     variant, spec = pre["variant"], pre["spec"]
     found: list[Finding] = []
     recipe_path = recipe = None
@@ -433,6 +516,7 @@ def check_variant(pre: dict[str, Any], root: Path, gpus: Any) -> tuple[list[Find
         found.append(Finding("error", variant, "recipe", "no recipe", "add `recipe: envs/<file>.txt`"))
     all_args_ = all_args(pre)
     found += check_gpus(variant, spec, recipe, all_args_, gpus)
+    found += check_gpu_state(variant, spec, state, gpus)
     probes: list[tuple[str, str]] = []
     if recipe is not None and recipe_path is not None:
         for local in recipe["local"]:
@@ -471,14 +555,16 @@ def check_variant(pre: dict[str, Any], root: Path, gpus: Any) -> tuple[list[Find
     return found, probes
 
 
-def preflight(pres: list[dict[str, Any]], root: Path) -> list[Finding]:
-    """Every variant's findings; nvidia-smi asked once, the indexes probed in parallel with a short timeout."""
+def preflight(pres: list[dict[str, Any]], root: Path, nvml: Any = None) -> list[Finding]:
+    """Every variant's findings; nvidia-smi and NVML asked once, the indexes probed in parallel with a short
+    timeout. `nvml`: the pynvml module to read the GPUs' state with (None: the real one; tests: a fake)."""
     needs_gpus = any(p["spec"]["engine"] in GPU_ENGINES or p["spec"].get("gpus") for p in pres)
     gpus = query_gpus() if needs_gpus else (None, "")
+    state = gpu_snapshot(nvml=nvml) if needs_gpus else (None, "")
     found: list[Finding] = []
     probes: list[tuple[str, str]] = []
     for pre in pres:
-        f, p = check_variant(pre, root, gpus)
+        f, p = check_variant(pre, root, gpus, state)
         found += f
         probes += p
     urls = list(dict.fromkeys(url for _, url in probes))

@@ -70,6 +70,41 @@ def cell_metrics(summary: dict[str, Any]) -> dict[str, float]:
     if rounds:  # measured until its answer was known: what the level spent
         out["rounds"] = float(rounds["rounds"])
         out["rounds_requests_per_block_max"] = float(max(rounds["block_requests"]))
+    out.update(serving_metrics(summary))
+    return out
+
+
+# (metric name, block figure's path in server_state, how the blocks are pooled) (docs/metrics.md, "Serving side")
+SERVING_METRICS = (
+    ("server.granted_share_min", ("cpu", "granted_share"), min),
+    ("server.cpu_cores_mean", ("cpu", "cpu_cores"), lambda v: sum(v) / len(v)),
+    ("server.cgroup_throttled_share_max", ("cpu", "cgroup_throttled_share"), max),
+    ("server.rss_mb_max", ("cpu", "rss_mb"), max),
+)
+GPU_METRICS = (
+    ("gpu.sm_clock_mhz_min", "sm_clock_mhz", min),
+    ("gpu.power_w_max", "power_w", max),
+    ("gpu.temperature_c_max", "temperature_c", max),
+    ("gpu.other_processes_mib_max", "other_processes_mib", max),
+)
+
+
+def serving_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The serving side over the cell's blocks: the least CPU share its server got, the lowest GPU clock, the
+    hottest GPU... (the worst block, what the gate looks at); a figure no block has is left out, not zeroed."""
+    states = [r.get("server_state") for r in summary["repeats"]]
+    out: dict[str, float] = {}
+    for name, (part, key), pool in SERVING_METRICS:
+        vals = [float(st[part][key]) for st in states if st and st.get(part) and st[part].get(key) is not None]
+        if vals:
+            out[name] = float(pool(vals))
+    gpus = [g for st in states if st for g in st.get("gpus") or []]
+    for name, key, pool in GPU_METRICS:
+        vals = [float(g[key]) for g in gpus if g.get(key) is not None]
+        if vals:
+            out[name] = float(pool(vals))
+    if gpus:
+        out["gpu.throttled_block_gpus"] = float(sum(bool(g.get("throttled_thermal_power")) for g in gpus))
     return out
 
 

@@ -266,6 +266,8 @@ def test_a_server_slowed_for_one_block_is_measured_again(run_dir: Path) -> None:
     shares = granted_shares(kept)
     others = [g for i, g in enumerate(shares) if i != r]
     assert shares[r] < 0.9 * min(others), shares
+    notes = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())["arms"][THROTTLED_ARM]
+    assert any(f"a server slowed in a block at C={THROTTLED_LEVEL}" in n for n in notes["verdict"]["notes"]), notes
     for arm in ARMS:
         for c in LEVELS:
             cell = summary(run_dir, arm, c)

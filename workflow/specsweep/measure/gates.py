@@ -228,9 +228,10 @@ def _below_median(values: Mapping[int, float], tolerance: float) -> list[tuple[i
 
 def server_state_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(reasons, flags) of the serving side: each block against the arm's other blocks at this level on the same
-    server instance. A block whose server's threads got a smaller share of the CPU time they were ready for, or
-    whose GPU ran a lower SM clock, by more than `max_server_slowdown` below the median, or whose GPU had a thermal
-    or power-brake throttle reason active, was served by a slower machine: a different operating point, which
+    server instance. A block whose server's threads got a smaller share of the CPU time they were ready for (and
+    waited more, by that share of its allowed CPUs), or whose GPU ran a lower SM clock, by more than
+    `max_server_slowdown` below the median, or whose GPU had a thermal or power-brake throttle reason active, was
+    served by a slower machine: a different operating point, which
     moves the paired ratio itself (pairing only cancels what scales both arms alike). Re-measured like the host's
     transient causes (`heal`). A server throttled alike in every block is one operating point: its cgroup's
     throttling is flagged, not judged."""
@@ -255,7 +256,13 @@ def server_state_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, A
         cpu = {r: (states[r] or {}).get("cpu") or {} for r in rs}
         granted = {r: float(c["granted_share"]) for r, c in cpu.items() if c.get("granted_share") is not None}
         judged_cpu |= len(granted) >= 2
+        waits = [float(cpu[r]["wait_cores"]) for r in granted]
         for r, g, med in _below_median(granted, tol):
+            # and it waited more by a tenth (tol) of the CPUs it was allowed: a server that barely uses its CPUs
+            # (the simulated engine: 0.1-0.4 s blocks at 0.15 of a core, 0.8-1.0 granted by a few ms of wake-up
+            # waits) has lost nothing that slows it
+            if float(cpu[r]["wait_cores"]) - float(np.median(waits)) <= tol * float(cpu[r]["allowed_cores"]):
+                continue
             throttled = cpu[r].get("cgroup_throttled_share")
             by = f"; its cgroup's CPU quota throttled it {throttled:.0%} of the block" if throttled else ""
             reasons.append(

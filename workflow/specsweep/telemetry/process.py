@@ -4,9 +4,10 @@ Why: pairing cancels a slowdown that scales both arms alike, but a server that g
 level (a CPU quota throttling its container, a co-tenant's burst) is another operating point and moves the paired
 ratio itself. The scheduler says so directly: each thread's time on a CPU and its time ready but waiting for one
 (`/proc/<pid>/task/<tid>/schedstat`, nanoseconds). Their ratio, `granted_share`, is the share of the CPU time the
-server's threads were ready for that they got: 1.00 for vLLM's CPU build on its own core, 0.51 with its cgroup's
-quota at half a core (measured here: a CFS-throttled thread counts as waiting). Unlike CPU time per wall second it
-does not move with how much work a block had (the simulated engine uses 0.05-0.4 of a core, by load and chance).
+server's threads were ready for that they got: 0.36-0.44 for vLLM's CPU build on its own core (its API server and
+engine core take turns), within 3% across a level's blocks; 0.05 in a block its cgroup's quota held to half a core
+(a CFS-throttled thread counts as waiting). Unlike CPU time per wall second it does not move with how much work a
+block had (the simulated engine uses 0.05-0.4 of a core, by load and chance).
 
 Figures (docs/metrics.md, "Serving side"): the tree's CPU cores used and waited for, the CPUs its processes may run
 on (affinity) and its cgroup's quota, its share of them, the cgroup's throttled time, its resident memory.

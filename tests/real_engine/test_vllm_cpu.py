@@ -59,8 +59,8 @@ TARGET = 0.05  # the precision rule's target half-width (budget: REPEATS rounds)
 PER_CONCURRENCY = 4  # measured requests per level and repeat: max(8, 4 C), after C ramp requests
 OUTPUT_TOKENS = 64  # half the example's 128: the tier's cells take half as long, K=3 still wins at every level
 MAX_CACHE_HIT_RATE = 0.01  # prompts never repeat on a server, and the cache is reset before each repeat
-# One block of ngram-k1's server is served at half a CPU (a cgroup quota, tests/support/throttle.py): the first of
-# its blocks that starts after it was first frozen, i.e. in the first level measured (C=16, levels run from the top)
+# One block of ngram-k1's server is served at half a CPU (a cgroup quota, tests/support/throttle.py): its first block
+# with 8 or more client streams, i.e. in the first level measured (C=16, levels run from the top)
 THROTTLED_ARM, THROTTLED_LEVEL, THROTTLED_CORES = "ngram-k1", LEVELS[-1], 0.5
 THROTTLED_MARKER = '"num_speculative_tokens":1,'  # in its --speculative-config, and in no other arm's
 ENVS_DIR = Path(os.environ.get("SPECSWEEP_ENVS_DIR") or REPO / "results" / "_envs").absolute()

@@ -100,14 +100,25 @@ def find_server(workdir: Path, marker: str) -> psutil.Process | None:
     return next((p for p, cmd in api_servers(workdir) if marker in cmd), None)
 
 
-class ThrottleOneBlock(threading.Thread):
-    """Watch the server whose command line holds `marker`; at the first start of one of its blocks (it is thawed
-    while another server stays frozen: a level's preparation thaws them all), hold its tree to `cores` CPUs until
-    it is frozen again (at most `max_s`), then stop watching. `log` says when and to what (for the messages)."""
+def client_streams(server: psutil.Process) -> int:
+    """Established TCP connections to the server's listening port(s): the load generator's streams."""
+    try:
+        conns = server.net_connections(kind="tcp") if hasattr(server, "net_connections") else server.connections()
+    except psutil.Error:
+        return 0
+    ports = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr.port in ports)
 
-    def __init__(self, workdir: Path, marker: str, cores: float = 0.5, max_s: float = 8.0) -> None:
+
+class ThrottleOneBlock(threading.Thread):
+    """Watch the server whose command line holds `marker`; at the first of its blocks at a level of at least
+    `streams` concurrent requests (it runs, another server is frozen, and that many client streams are connected:
+    a level's preparation thaws servers too, with one stream or none), hold its tree to `cores` CPUs until it is
+    frozen again (at most `max_s`), then stop watching. `log` says when and to what (for the test's messages)."""
+
+    def __init__(self, workdir: Path, marker: str, cores: float = 0.5, streams: int = 8, max_s: float = 8.0) -> None:
         super().__init__(daemon=True)
-        self.workdir, self.marker, self.cores, self.max_s = workdir, marker, cores, max_s
+        self.workdir, self.marker, self.cores, self.streams, self.max_s = workdir, marker, cores, streams, max_s
         self.done = threading.Event()
         self.log: dict[str, Any] = {"marker": marker, "cores": cores, "throttled": False}
 
@@ -123,6 +134,12 @@ class ThrottleOneBlock(threading.Thread):
         except psutil.Error:
             return False
 
+    def _in_block(self, server: psutil.Process, others: list[psutil.Process]) -> bool:
+        """Cheapest first: this loop runs beside the measurement (its CPU counts as another process's)."""
+        if self._stopped(server) or not any(self._stopped(p) for p in others):
+            return False
+        return client_streams(server) >= self.streams
+
     def _run(self) -> None:
         server = None
         while server is None and not self.done.wait(0.5):
@@ -130,14 +147,14 @@ class ThrottleOneBlock(threading.Thread):
         if server is None:
             return
         self.log["pid"] = server.pid
-        frozen = False
-        while not self.done.wait(0.01):
-            if self._stopped(server):
-                frozen = True
-            elif frozen:  # thawed: for its block when the others stay frozen (they are frozen before it is thawed)
-                if any(self._stopped(p) for p, _ in api_servers(self.workdir) if p.pid != server.pid):
-                    break
-                frozen = False
+        others: list[psutil.Process] = []
+        listed = 0.0
+        while not self.done.wait(0.05):
+            if time.monotonic() - listed > 2.0:  # servers start one after another
+                others = [p for p, _ in api_servers(self.workdir) if p.pid != server.pid]
+                listed = time.monotonic()
+            if self._in_block(server, others):
+                break
         else:
             return
         with CpuQuota(self.cores) as quota:

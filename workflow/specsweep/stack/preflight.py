@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import socket
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ from typing import Any
 
 from specsweep.redact import redact_uri
 from specsweep.stack import envbuild
-from specsweep.telemetry.gpu import gpu_snapshot
+from specsweep.telemetry.gpu import gpu_snapshot, query_smi
 
 GPU_FIELDS = ("index", "name", "compute_cap", "driver_version", "memory.total")
 SMI_TIMEOUT_S = 5.0
@@ -75,22 +74,7 @@ class Finding:
 
 def query_gpus(timeout: float = SMI_TIMEOUT_S) -> tuple[list[dict[str, str]] | None, str]:
     """The GPUs as nvidia-smi lists them (None and why when it cannot be asked)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None, "no nvidia-smi on PATH (no NVIDIA driver on this machine)"
-    cmd = [exe, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"nvidia-smi failed: {e}"
-    if proc.returncode != 0:
-        return None, f"nvidia-smi exited {proc.returncode}: {(proc.stdout + proc.stderr).strip()[:300]}"
-    gpus = []
-    for row in proc.stdout.strip().splitlines():
-        cells = [c.strip() for c in row.split(",")]
-        if len(cells) == len(GPU_FIELDS):
-            gpus.append(dict(zip(GPU_FIELDS, cells, strict=True)))
-    return gpus, ""
+    return query_smi(GPU_FIELDS, timeout)
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ GPU indices are NVML's (the order `nvidia-smi` lists them in).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import subprocess
@@ -130,10 +131,8 @@ def _init(nvml: Any) -> tuple[Any, str]:
 
 
 def _shutdown(nvml: Any) -> None:
-    try:
+    with contextlib.suppress(nvml.NVMLError):
         nvml.nvmlShutdown()
-    except nvml.NVMLError:
-        pass
 
 
 def _open(nvml: Any, indices: Sequence[int] | None) -> list[tuple[int, Any]] | None:
@@ -271,10 +270,8 @@ class GpuWatch:
         return events, []
 
     def _free(self, events: Any) -> None:
-        try:
+        with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlEventSetFree(events)
-        except self.nvml.NVMLError:
-            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -443,26 +440,35 @@ def _smi_number(cell: str) -> float | None:
         return None  # [N/A], [Not Supported], [Unknown Error]
 
 
-def _smi_snapshot(indices: Sequence[int] | None, nvml_why: str, module: Any) -> tuple[list[dict] | None, str]:
+def query_smi(fields: Sequence[str], timeout: float = SMI_TIMEOUT_S) -> tuple[list[dict[str, str]] | None, str]:
+    """`nvidia-smi --query-gpu=<fields>`, one dict per GPU (None and why when it cannot be asked): the one place
+    nvidia-smi is asked, by preflight's GPU checks and by the snapshot where NVML is missing."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return None, f"{nvml_why}, and no nvidia-smi on PATH"
-    cmd = [exe, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
+        return None, "no nvidia-smi on PATH (no NVIDIA driver on this machine)"
+    cmd = [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"{nvml_why}, and nvidia-smi failed: {e}"
+        return None, f"nvidia-smi failed: {e}"
     if proc.returncode != 0:
-        out = (proc.stdout + proc.stderr).strip()[:300]
-        return None, f"{nvml_why}, and nvidia-smi exited {proc.returncode}: {out}"
+        return None, f"nvidia-smi exited {proc.returncode}: {(proc.stdout + proc.stderr).strip()[:300]}"
+    rows = []
+    for row in proc.stdout.strip().splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) == len(fields):
+            rows.append(dict(zip(fields, cells, strict=True)))
+    return rows, ""
+
+
+def _smi_snapshot(indices: Sequence[int] | None, nvml_why: str, module: Any) -> tuple[list[dict] | None, str]:
+    rows, why = query_smi(SMI_FIELDS)
+    if rows is None:
+        return None, f"{nvml_why}, and {why}"
     bits = reason_bits(module) if module is not None else []
     wanted = None if indices is None else {int(i) for i in indices}
     gpus = []
-    for row in proc.stdout.strip().splitlines():
-        cells = [c.strip() for c in row.split(",")]
-        if len(cells) != len(SMI_FIELDS):
-            continue
-        cell = dict(zip(SMI_FIELDS, cells, strict=True))
+    for cell in rows:
         index = _smi_number(cell["index"])
         if index is None or (wanted is not None and int(index) not in wanted):
             continue

@@ -217,23 +217,48 @@ def test_fake_api_key_found_in_no_output(workdir: Path, monkeypatch: pytest.Monk
     servers_gone_within(workdir, 30)
 
 
-def test_corrupted_outputs_are_caught(workdir: Path) -> None:
-    """A speculative arm that generates other text (here: one word replaced for 30% of prompts) is reported
-    per level with the share that matches the baseline and where they first differ, and flagged."""
+def test_corrupted_outputs_are_caught_and_near_ties_are_numerics(workdir: Path) -> None:
+    """Two speculative arms whose outputs differ from the baseline's, interleaved so that each difference is
+    referred to the baseline server while it is up: `eagle3` replaces one word for 30% of prompts (a broken
+    verify path: the baseline's model does not have that word among its top candidates), `eagle3-ties` takes the
+    second word at its first near-tie for half the prompts (other batch numerics: the sim's top two words 0.004
+    nats apart there). The first is OUTPUTS DIFFER, named by prompt and position; the second is reported as
+    numerics with its share, without OUTPUTS DIFFER."""
     sim = {
         "engine": "sim",
         "profile": "demo",
-        "arm_server_args": {"eagle3": ["--fault-corrupt-output-fraction", "0.3"]},
+        "arm_server_args": {
+            "eagle3": ["--fault-corrupt-output-fraction", "0.3"],
+            "eagle3-ties": ["--fault-near-tie-output-fraction", "0.5"],
+        },
     }
-    write_config(workdir, variants={"sim": sim})
+    arms = {**BASE["arms"], "eagle3-ties": {"speculative": True}}
+    write_config(workdir, variants={"sim": sim}, arms=arms, pairing={"mode": "interleaved"})
     proc = run(workdir, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:]
     out = json.loads((workdir / "results" / "wf" / "sim" / "crossover.json").read_text())
-    ar = out["arms"]["eagle3"]
-    for row in ar["per_level"]:
+    corrupt, ties = out["arms"]["eagle3"], out["arms"]["eagle3-ties"]
+    for row in corrupt["per_level"]:
         m = row["output_match"]
-        assert 0.3 <= 1 - m["share"] <= 0.7 and m["differ"] >= 1, m  # ~30% of the prompts, few per level
+        assert 0.1 <= 1 - m["share"] <= 0.7 and m["differ"] >= 1, m  # ~30% of the prompts, few per level
         assert "CORRUPTED" in m["example"]["spec"] and "CORRUPTED" not in m["example"]["baseline"]
-        assert m["first_difference"]["char"] > 0
-    assert any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
-    assert "OUTPUTS DIFFER" in proc.stdout and "same output" in proc.stdout
+        ref = m["referral"]
+        assert ref["against"] == "baseline" and ref["referred"] == m["differ"] and ref["clear"] == m["differ"], ref
+        assert all(x["other_head"].startswith(" CORRUPTED") and x["other_token"] is None for x in ref["clear_examples"])
+    notes = " ".join(corrupt["verdict"]["notes"])
+    assert "OUTPUTS DIFFER" in notes and "' CORRUPTED" in notes and "of round" in notes, notes
+    tied = 0
+    for row in ties["per_level"]:
+        m = row["output_match"]
+        ref = m["referral"]
+        assert ref["clear"] == 0 and ref["referred"] == m["differ"] and ref["unreferred"] == 0, ref
+        assert m["tie_share"] == pytest.approx(1 - m["share"])
+        tied += m["differ"]
+    assert tied >= 2, ties["per_level"]
+    notes = " ".join(ties["verdict"]["notes"])
+    assert "OUTPUTS DIFFER" not in notes and "outputs differ at near-ties" in notes, notes
+    assert "OUTPUTS DIFFER" in proc.stdout and " DIFF |" in proc.stdout and " ties |" in proc.stdout
+    summary = json.loads((workdir / "results" / "wf" / "sim" / "eagle3-ties" / "c2" / "summary.json").read_text())
+    assert summary["output_referral"]["check"]["agrees"], summary["output_referral"]["check"]
+    for x in summary["output_referral"]["referred"]:
+        assert x["margin_nats"] == pytest.approx(0.004) and x["error"] is None, x

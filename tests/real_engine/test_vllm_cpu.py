@@ -336,7 +336,12 @@ def test_verdict_holds_what_every_run_agrees_on(run_dir: Path) -> None:
 
 def test_speculation_generates_what_the_baseline_generates(run_dir: Path) -> None:
     """Greedy ngram speculation is lossless: every level's outputs, prompt by prompt, equal the baseline's
-    (flagged below analysis.min_output_match), for every K and for the policy arm that switches K per step."""
+    (flagged below analysis.min_output_match), for every K and for the policy arm that switches K per step.
+
+    Each interleaved level asked the reference server (vLLM's /v1/completions with `logprobs`), forced with half
+    of one of its own outputs, for the next token: its top candidate is the output's own token, so a difference
+    is referred as it was generated; a difference, where there is one, is referred without error and is no
+    clear one (greedy ngram on the CPU build: batch numerics only)."""
     out = json.loads((run_dir / "results" / EXP / VARIANT / "crossover.json").read_text())
     for arm in SPEC_ARMS:
         ar = out["arms"][arm]
@@ -344,7 +349,14 @@ def test_speculation_generates_what_the_baseline_generates(run_dir: Path) -> Non
             m = row["output_match"]
             assert m is not None and m["compared"] >= row["spec_n_requests"], (arm, row)
             assert m["share"] >= 0.9, (arm, m)
+            assert m["referral"]["clear"] == 0 and not m["referral"]["errors"], (arm, m["referral"])
         assert not any("OUTPUTS DIFFER" in n for n in ar["verdict"]["notes"])
+    for arm in (*SPEC_ARMS, POLICY_ARM):
+        for level in LEVELS:
+            summary, _ = read_judged(run_dir / "results" / EXP / VARIANT / arm / f"c{level}", EXAMPLE_GATES)
+            referral = summary["output_referral"]
+            assert referral["check"]["agrees"] and referral["check"]["error"] is None, (arm, level, referral["check"])
+            assert referral["compared"] >= 1 and all(x["error"] is None for x in referral["referred"]), referral
     for row in out["policy_proof"]["ngram"]["per_level"]:
         assert row["output_match"]["share"] >= 0.9, row
 

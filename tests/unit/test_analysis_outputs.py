@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from specsweep.analysis.outputs import output_match
+from specsweep.analysis.outputs import output_match, output_verdict
 from specsweep.client.backends import OpenAIParser, RequestRecord, SGLangParser
 
 pytestmark = pytest.mark.unit
@@ -31,7 +31,16 @@ def outputs(texts: list[str], repeat: int = 0) -> pd.DataFrame:
 def test_identical_outputs_match() -> None:
     texts = [f"answer {i} w1 w2" for i in range(10)]
     m = output_match(outputs(texts), outputs(texts))
-    assert m == {"share": 1.0, "compared": 10, "differ": 0, "first_difference": None, "example": None}
+    assert m == {
+        "share": 1.0,
+        "compared": 10,
+        "differ": 0,
+        "first_difference": None,
+        "example": None,
+        "referral": None,
+        "tie_share": None,
+    }
+    assert output_verdict(m, 0.9) == "same"
 
 
 def test_differing_outputs_are_counted_and_located() -> None:
@@ -72,3 +81,77 @@ def test_parsers_record_the_generated_text() -> None:
         p.feed(float(i), _line({"choices": [{"text": text, "finish_reason": fin}]}))
     p.finish(b"")
     assert rec.output_prefix == "a b c" and rec.output_sha256 == hashlib.sha256(b"a b c").hexdigest()
+
+
+def referral(margins: list[float | None], differ: int, errors: int = 0) -> dict:
+    """records.OutputReferral with one referred difference per margin (None: the arm's token not a candidate)."""
+    referred = [
+        {
+            "repeat": 0,
+            "prompt_index": i,
+            "char": 5,
+            "token_char": 4,
+            "reference_token": " w1",
+            "margin_nats": m,
+            "other_token": None if m is None else " w2",
+            "other_head": " CORRUPTED",
+            "steps": 1,
+            "error": None,
+        }
+        for i, m in enumerate(margins)
+    ]
+    referred += [
+        {"repeat": 0, "prompt_index": 90 + i, "char": 5, "token_char": 4, "steps": 1, "error": "HTTP 500"}
+        for i in range(errors)
+    ]
+    return {"against": "baseline", "compared": 10, "differ": differ, "top_k": 5, "referred": referred}
+
+
+def _differing(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    base = [f"answer {i} w1 w2 w3" for i in range(10)]
+    spec = [t.replace("w2", "w9") if i < n else t for i, t in enumerate(base)]
+    return outputs(base), outputs(spec)
+
+
+def test_near_ties_are_numerics_whatever_their_share() -> None:
+    """Four of ten outputs differ (below min_output_match 0.9), each at a near-tie: numerics, not OUTPUTS DIFFER;
+    the share that differs at near-ties is reported."""
+    m = output_match(*_differing(4), referral([0.004, -0.002, 0.0, 0.05], 4), tie_nats=0.1)
+    assert m["share"] == 0.6 and m["tie_share"] == 0.4
+    assert m["referral"]["near_ties"] == 4 and m["referral"]["clear"] == 0 and m["referral"]["unreferred"] == 0
+    assert m["referral"]["max_tie_margin_nats"] == 0.05
+    assert output_verdict(m, 0.9) == "numerics"
+
+
+def test_one_clear_difference_is_outputs_differ_whatever_the_share() -> None:
+    """One of ten differs (above min_output_match) with a clear margin: reported, named."""
+    m = output_match(*_differing(1), referral([2.5], 1), tie_nats=0.1)
+    assert m["share"] == 0.9 and output_verdict(m, 0.8) == "differ"
+    assert m["referral"]["clear_examples"][0]["margin_nats"] == 2.5
+    m = output_match(*_differing(2), referral([0.001, None], 2), tie_nats=0.1)  # a token not among the top k
+    assert m["referral"]["clear"] == 1 and m["referral"]["near_ties"] == 1 and output_verdict(m, 0.5) == "differ"
+
+
+def test_unreferred_differences_fall_back_on_the_share() -> None:
+    """Nothing referred (a sequential cell, or every referral failed): min_output_match judges, as before."""
+    for ref in (None, referral([], 3, errors=3)):
+        m = output_match(*_differing(3), ref, tie_nats=0.1)
+        assert output_verdict(m, 0.9) == "differ" and output_verdict(m, 0.5) == "under_threshold"
+    m = output_match(*_differing(3), referral([], 3, errors=3), tie_nats=0.1)
+    assert m["referral"]["errors"] == ["HTTP 500"] and m["referral"]["unreferred"] == 3
+
+
+def test_a_server_that_does_not_reproduce_the_reference_is_not_trusted() -> None:
+    """The self-check failed (the forced prefix not tokenized as generated, say): the near-ties it reported are
+    not counted; the differences fall back on the share."""
+    ref = referral([0.004, 0.001, 0.002], 3)
+    ref["check"] = {"repeat": 0, "prompt_index": 0, "char": 9, "agrees": False, "expected": " w5 w6", "top": " w7"}
+    m = output_match(*_differing(3), ref, tie_nats=0.1)
+    assert (
+        m["referral"]["near_ties"] == 0
+        and m["referral"]["unreferred"] == 3
+        and "not trusted" in m["referral"]["errors"][0]
+    )
+    assert output_verdict(m, 0.9) == "differ"
+    ref["check"]["agrees"] = True
+    assert output_verdict(output_match(*_differing(3), ref, tie_nats=0.1), 0.9) == "numerics"

@@ -28,7 +28,7 @@ from specsweep.analysis.bootstrap import (
 )
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.crossover import INTERPOLANTS, crossings_log_c, crossings_matrix
-from specsweep.analysis.outputs import output_match
+from specsweep.analysis.outputs import output_match, output_verdict
 from specsweep.analysis.paired import PairedEstimate, paired_estimate, pairing_of
 from specsweep.analysis.precision import LevelPrecision, level_precision, precision_notes
 from specsweep.analysis.running import running_requests_view
@@ -75,7 +75,8 @@ class AnalysisSettings:
     policy_rule: str = _DEFAULTS["policy_rule"]  # "crossover_lower" or "level_lower_bound"
     slo: dict[str, float] | None = None  # seconds: ttft_s, tpot_s, e2e_s
     max_crossover_ratio: float = _DEFAULTS["max_crossover_ratio"]  # a wider crossover interval is inconclusive
-    min_output_match: float = _DEFAULTS["min_output_match"]  # flag a speculative cell whose outputs differ more
+    min_output_match: float = _DEFAULTS["min_output_match"]  # unreferred differences: flag a cell below this share
+    output_tie_nats: float = _DEFAULTS["output_tie_nats"]  # a referred difference this close is batch numerics
     levels: list[float] | None = None  # the configured levels (concurrency, rates or time scales): what should exist
     load: str = "closed"  # closed, open or trace: the unit of the levels
     gates: dict[str, Any] = field(default_factory=lambda: defaults("gates"))  # validity, judged when cells are read
@@ -108,6 +109,7 @@ class AnalysisSettings:
         s.max_crossover_ratio = float(a.get("max_crossover_ratio", s.max_crossover_ratio))
         s.proof_margin = float((config.get("policy") or {}).get("margin", s.proof_margin))
         s.min_output_match = float(a.get("min_output_match", s.min_output_match))
+        s.output_tie_nats = float(a.get("output_tie_nats", s.output_tie_nats))
         configured = configured_levels(config)
         if configured:
             s.levels = sorted(float(c) for c in configured)
@@ -530,6 +532,58 @@ def _cell_entry(cell: Cell, included: bool) -> dict[str, Any]:
     }
 
 
+def _differ_note(
+    rows: list[dict[str, Any]], spec_arm: str, baseline_arm: str, settings: AnalysisSettings, sym: str
+) -> str:
+    """OUTPUTS DIFFER: where, how much, and the first clear difference by prompt and position (or, unreferred,
+    the first differing character)."""
+    worst = min(rows, key=lambda r: r["output_match"]["share"])
+    m = worst["output_match"]
+    head = (
+        f"OUTPUTS DIFFER at {sym}={levels_text([r['concurrency'] for r in rows])}: only {m['share']:.0%} of "
+        f"{spec_arm}'s outputs equal {baseline_arm}'s at {sym}={worst['concurrency']:g}"
+    )
+    refs = [r["output_match"]["referral"] for r in rows if (r["output_match"]["referral"] or {}).get("clear")]
+    ex = refs[0]["clear_examples"][0] if refs else None
+    if ex is None:
+        fd = m["first_difference"] or {}
+        return (
+            f"{head} (first difference at character {fd.get('char')}; not referred to the baseline server: "
+            f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text is "
+            "not the same service; check the draft and verify path"
+        )
+    ref = refs[0]
+    told = (
+        f"{baseline_arm} {ex['reference_token']!r} over {spec_arm} {ex['other_token']!r} "
+        f"by {ex['margin_nats']:.3g} nats"
+        if ex["other_token"] is not None
+        else f"{spec_arm}'s {ex['other_head']!r} not among the baseline's top candidates "
+        f"(its own token: {ex['reference_token']!r})"
+    )
+    return (
+        f"{head}; {ref['clear']} of {ref['referred']} referred differences are clear (more than "
+        f"{settings.output_tie_nats:g} nats between the two tokens, analysis.output_tie_nats), e.g. prompt "
+        f"{ex['prompt_index']} of round {ex['repeat']} at character {ex['char']}: {told}. A faster arm that generates "
+        "other text is not the same service; check the draft and verify path"
+    )
+
+
+def _ties_note(rows: list[dict[str, Any]], spec_arm: str, baseline_arm: str, tie_nats: float, sym: str) -> str:
+    """Differences that are near-ties: batch numerics, with their share; not the speculative path."""
+    parts = []
+    for r in rows:
+        m, ref = r["output_match"], r["output_match"]["referral"]
+        left = f", {ref['unreferred']} not referred" if ref["unreferred"] else ""
+        parts.append(f"{sym}={r['concurrency']:g} {m['differ']} of {m['compared']} ({ref['near_ties']} referred{left})")
+    worst = max(r["output_match"]["referral"]["max_tie_margin_nats"] or 0.0 for r in rows)
+    return (
+        f"outputs differ at near-ties: {'; '.join(parts)}: at each referred first difference the {baseline_arm} "
+        f"server scores its own token and {spec_arm}'s within {worst:.2g} nats (analysis.output_tie_nats "
+        f"{tie_nats:g}): numerics of another batch shape (the verify pass scores K+1 tokens at once), not the "
+        "speculative path"
+    )
+
+
 def _slowed_attempts(cell: Cell) -> bool:
     """Whether an attempt of the cell's level found a block served by a slowed server (`gates.server_state_gate`)."""
     log = (cell.summary.get("attempts") or {}).get("log") or []
@@ -574,7 +628,12 @@ def analyze_arm(
                 invalid.append(_cell_entry(cell, settings.include_invalid))
                 usable = usable and settings.include_invalid
         if c in base_cells and c in spec_cells:
-            row["output_match"] = output_match(base_cells[c].outputs, spec_cells[c].outputs)
+            referral = spec_cells[c].summary.get("output_referral")
+            if referral and referral.get("against") != base_cells[c].arm:
+                referral = None  # referred against another arm's server (a policy level's reference arm)
+            row["output_match"] = output_match(
+                base_cells[c].outputs, spec_cells[c].outputs, referral, settings.output_tie_nats
+            )
         row["used"] = usable
         per_level.append(row)
         if usable:
@@ -643,17 +702,13 @@ def analyze_arm(
     # None: the two cells' outputs were never compared (one recorded none: virtual-time or older cells); said
     # so below, never counted as equal
     compared = [r for r in per_level if r.get("output_match") is not None]
-    differ = [r for r in compared if r["output_match"]["share"] < settings.min_output_match]
+    judged = {r["concurrency"]: output_verdict(r["output_match"], settings.min_output_match) for r in compared}
+    differ = [r for r in compared if judged[r["concurrency"]] == "differ"]
     if differ:
-        worst = min(differ, key=lambda r: r["output_match"]["share"])
-        fd = worst["output_match"]["first_difference"] or {}
-        verdict["notes"].append(
-            f"OUTPUTS DIFFER at {sym}={levels_text([r['concurrency'] for r in differ])}: only "
-            f"{worst['output_match']['share']:.0%} of {spec_arm}'s outputs equal {baseline_arm}'s at "
-            f"{sym}={worst['concurrency']:g} (first difference at character {fd.get('char')}; "
-            f"analysis.min_output_match {settings.min_output_match:g}): a faster arm that generates other text "
-            "is not the same service; check the draft and verify path"
-        )
+        verdict["notes"].append(_differ_note(differ, spec_arm, baseline_arm, settings, sym))
+    ties = [r for r in compared if judged[r["concurrency"]] == "numerics"]
+    if ties:
+        verdict["notes"].append(_ties_note(ties, spec_arm, baseline_arm, settings.output_tie_nats, sym))
     not_compared = [r["concurrency"] for r in per_level if "output_match" in r and r["output_match"] is None]
     if not_compared:
         verdict["notes"].append(

@@ -4,8 +4,13 @@ Speculative decoding is lossless at temperature 0: for the same prompt it must g
 generates. A broken draft or verify path can produce different text faster and win a throughput race, so each
 request's output is recorded (hash and head, `requests.parquet` `output_sha256`, `output_prefix`) and each
 speculative cell is compared with the baseline cell of the same level, prompt by prompt (the prompt sets are
-the same in every arm: `client/prompts.py`). Exact equality is not guaranteed on GPUs (batch-size dependent
-kernels), so a low share is reported and flagged (`analysis.min_output_match`), not made invalid.
+the same in every arm: `client/prompts.py`). Exact equality is not guaranteed (batch-shape dependent kernels:
+the verify pass scores K+1 tokens at once), so a difference is referred before it is reported: an interleaved
+level asks the baseline server, while it is up, for the log-probabilities of the token where the two outputs
+part (`measure/referral.py`). A near-tie (the two tokens within `analysis.output_tie_nats`) is other batch
+numerics, reported with its share; a clear margin, or a token not among the server's top candidates, is an arm
+that generates other text: "OUTPUTS DIFFER", named with the prompt and position. Differences nobody referred
+(sequential cells: no baseline server beside the arm) are judged by their share (`analysis.min_output_match`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["OUTPUT_COLUMNS", "output_match"]
+__all__ = ["OUTPUT_COLUMNS", "output_match", "output_verdict", "referred_figures"]
 
+_EXAMPLE_KEYS = ("repeat", "prompt_index", "char", "reference_token", "other_token", "other_head", "margin_nats")
 OUTPUT_COLUMNS = ("repeat", "prompt_index", "expected_output_tokens", "ok", "output_sha256", "output_prefix")
 
 
@@ -27,9 +33,51 @@ def _recorded(df: pd.DataFrame | None) -> pd.DataFrame | None:
     return out if len(out) else None
 
 
-def output_match(baseline: pd.DataFrame | None, spec: pd.DataFrame | None) -> dict[str, Any] | None:
-    """{share, compared, differ, first_difference, example} over the prompts both cells completed with the
-    same requested length; None when either cell recorded no outputs (older cells, virtual-time cells)."""
+def referred_figures(referral: dict[str, Any] | None, tie_nats: float) -> dict[str, Any]:
+    """What the referral of a cell's differences says (records.OutputReferral): near-ties, clear differences
+    (with up to three named), and the differences left unreferred (past the cap, or the server could not say)."""
+    if not referral:
+        return {"referred": 0, "near_ties": 0, "clear": 0, "unreferred": None, "clear_examples": [], "errors": []}
+    check = referral.get("check")
+    if check is not None and not check["agrees"]:  # the server's answers are not asked as the outputs were made
+        why = check.get("error") or (
+            f"the server's top token after half of a {referral['against']} output is {check.get('top')!r}, "
+            f"not its own {check['expected'][:12]!r}: referrals not trusted"
+        )
+        return {
+            "against": referral["against"],
+            "referred": 0,
+            "near_ties": 0,
+            "clear": 0,
+            "unreferred": int(referral["differ"]),
+            "clear_examples": [],
+            "errors": [why],
+        }
+    answered = [x for x in referral["referred"] if x.get("error") is None]
+    ties = [x for x in answered if x.get("margin_nats") is not None and abs(x["margin_nats"]) <= tie_nats]
+    clear = [x for x in answered if x not in ties]
+    return {
+        "against": referral["against"],
+        "referred": len(answered),
+        "near_ties": len(ties),
+        "clear": len(clear),
+        "unreferred": int(referral["differ"]) - len(answered),
+        "max_tie_margin_nats": max((abs(x["margin_nats"]) for x in ties), default=None),
+        "clear_examples": [{k: x.get(k) for k in _EXAMPLE_KEYS} for x in clear[:3]],
+        "errors": sorted({x["error"] for x in referral["referred"] if x.get("error")})[:3],
+    }
+
+
+def output_match(
+    baseline: pd.DataFrame | None,
+    spec: pd.DataFrame | None,
+    referral: dict[str, Any] | None = None,
+    tie_nats: float = 0.1,
+) -> dict[str, Any] | None:
+    """{share, compared, differ, first_difference, example, referral} over the prompts both cells completed
+    with the same requested length; None when either cell recorded no outputs (older cells, virtual-time cells).
+    `referral`: the spec cell's referred differences against the baseline (None: not referred), judged with
+    `tie_nats` (`referred_figures`); `tie_share` is the share of compared requests that differ at a near-tie."""
     b, s = _recorded(baseline), _recorded(spec)
     if b is None or s is None:
         return None
@@ -44,7 +92,9 @@ def output_match(baseline: pd.DataFrame | None, spec: pd.DataFrame | None) -> di
         "differ": int((~same).sum()),
         "first_difference": None,
         "example": None,
+        "referral": referred_figures(referral, tie_nats) if referral else None,
     }
+    out["tie_share"] = out["referral"]["near_ties"] / len(m) if referral else None
     if out["differ"]:
         bad = m[~same]
         positions = [
@@ -65,3 +115,16 @@ def output_match(baseline: pd.DataFrame | None, spec: pd.DataFrame | None) -> di
             "spec": row["output_prefix"][max(0, pos - 20) : pos + 40],
         }
     return out
+
+
+def output_verdict(match: dict[str, Any], min_share: float) -> str:
+    """ "same" (no difference), "numerics" (every referred difference a near-tie), "differ" (a clear difference,
+    or unreferred differences above 1 - `min_share`), "under_threshold" (unreferred, within it)."""
+    if not match["differ"]:
+        return "same"
+    ref = match.get("referral")
+    if ref and ref["clear"]:
+        return "differ"
+    if ref and ref["referred"]:
+        return "numerics"
+    return "differ" if match["share"] < min_share else "under_threshold"

@@ -121,6 +121,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "speedup_hi": r.get("speedup_hi"),
                     "used": r["used"],
                     "same_output": (r.get("output_match") or {}).get("share"),
+                    "near_tie_output": (r.get("output_match") or {}).get("tie_share"),
+                    "clear_differences": ((r.get("output_match") or {}).get("referral") or {}).get("clear"),
                     "valid": valid,
                     "precision": r.get("precision"),
                 }
@@ -148,6 +150,14 @@ def table_header(conf: int, unit: str, level: str = "C", extra: str = "") -> str
     )
 
 
+def _referred_mark(row: dict[str, Any]) -> str:
+    """After the same-output share: " ties" where every referred difference is a near-tie (batch numerics),
+    " DIFF" where one is clear (analysis/outputs.py); nothing where none differ or none were referred."""
+    if row.get("clear_differences"):
+        return " DIFF"
+    return " ties" if row.get("near_tie_output") else ""
+
+
 def proof_header(conf: int) -> str:
     """The policy proof table's header line."""
     return (
@@ -158,7 +168,8 @@ def proof_header(conf: int) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     """The compact table (C | baseline tok/s | spec tok/s | speedup [95% CI] | same output | valid) and the
-    crossover line; "same output" is the share of the speculative cell's outputs equal to the baseline's."""
+    crossover line; "same output" is the share of the speculative cell's outputs equal to the baseline's, marked
+    "ties" where the rest differ at near-ties and "DIFF" where a difference is clear (`_referred_mark`)."""
     lines = []
     conf = int(round(100 * result["bootstrap"]["confidence"]))
     for name, ar in result["arms"].items():
@@ -175,7 +186,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(table_header(conf, unit, LEVEL_LABEL.get(result.get("load", "closed"), "C"), extra))
         for r in mine:
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
-            same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%"
+            same = "-" if r["same_output"] is None else f"{100 * r['same_output']:.1f}%" + _referred_mark(r)
             rr = running.get(r["concurrency"])
             shown = f" | {_fmt(rr['baseline'])} / {_fmt(rr['spec'])}".ljust(16) if rr else ""
             if precise:
@@ -278,6 +289,8 @@ def table_csv(result: dict[str, Any]) -> str:
         "speedup_hi",
         "used",
         "same_output",
+        "near_tie_output",
+        "clear_differences",
         "valid",
         "rounds",
         "half_width",

@@ -63,6 +63,13 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="replace one output word for this share of prompts (a broken draft path: faster, different text)",
     )
+    g.add_argument(
+        "--fault-near-tie-output-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="take the second word at the first near-tie for this share of prompts (other batch numerics)",
+    )
 
 
 def faults_from_args(args: argparse.Namespace) -> FaultConfig:
@@ -70,6 +77,8 @@ def faults_from_args(args: argparse.Namespace) -> FaultConfig:
         raise SystemExit("--fault-http-error-fraction must be in [0, 1]")
     if not 0.0 <= args.fault_corrupt_output_fraction <= 1.0:
         raise SystemExit("--fault-corrupt-output-fraction must be in [0, 1]")
+    if not 0.0 <= args.fault_near_tie_output_fraction <= 1.0:
+        raise SystemExit("--fault-near-tie-output-fraction must be in [0, 1]")
     return FaultConfig(
         crash_after_tokens=args.fault_crash_after_tokens,
         http_error_fraction=args.fault_http_error_fraction,
@@ -79,6 +88,7 @@ def faults_from_args(args: argparse.Namespace) -> FaultConfig:
         truncate_after_tokens=args.fault_truncate_after_tokens,
         slow_start_s=args.fault_slow_start_s,
         corrupt_output_fraction=args.fault_corrupt_output_fraction,
+        near_tie_output_fraction=args.fault_near_tie_output_fraction,
     )
 
 

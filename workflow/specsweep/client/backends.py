@@ -54,6 +54,9 @@ class RequestRecord:
     cached_tokens: int = -1  # prompt tokens served from the engine's prefix cache (-1: not reported)
     output_sha256: str = ""  # of the generated text: speculative arms must generate what the baseline does
     output_prefix: str = ""  # its first OUTPUT_PREFIX_CHARS characters, to show where outputs differ
+    # the whole text, in memory only (not a requests.parquet column): the level job refers a difference to the
+    # reference arm's server while it is up (client/referral.py)
+    output_text: str = ""
     ok: bool = False
     error_kind: str = ""
     error: str = ""
@@ -262,7 +265,9 @@ OUTPUT_PREFIX_CHARS = 256
 
 
 def record_output(rec: RequestRecord, text: str) -> None:
-    """The generated text's hash and head (the text itself is not kept: hashes compare arms cheaply)."""
+    """The generated text's hash and head (files keep these: hashes compare arms cheaply), and the text itself
+    for the level job's referral of a difference (never written)."""
+    rec.output_text = text
     rec.output_sha256 = hashlib.sha256(text.encode()).hexdigest()
     rec.output_prefix = text[:OUTPUT_PREFIX_CHARS]
 

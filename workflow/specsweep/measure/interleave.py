@@ -50,6 +50,7 @@ from specsweep.measure.cell import (
     watched_gpus,
 )
 from specsweep.measure.metrics import jsonable
+from specsweep.measure.referral import refer_level
 from specsweep.measure.summary import judged, write_cell
 from specsweep.serving import servers
 
@@ -165,6 +166,7 @@ class _Measured:
     blocks: list[dict[str, Any]]
     level_s: dict[str, float]
     precision: dict[str, Any] | None
+    referrals: dict[str, dict[str, Any]]  # arm -> records.OutputReferral, every arm besides the reference
 
 
 def _used_inputs(inp: LevelInputs, sizes: list[int]) -> LevelInputs:
@@ -303,6 +305,13 @@ async def _measure_blocks(
         if decision.stop:
             break
         growth = min(decision.growth, rounds.max_growth)
+    # the outputs' differences, referred to the reference arm's server while it is up (alone: the others frozen)
+    reference = recs[slot_of(arms[0], 1, instances)]
+    for rec in recs.values():
+        if rec is not reference:
+            servers.freeze(rec)
+    servers.thaw(reference)
+    referrals = await refer_level(arms[0], repeats, inputs, reference.base_url)
     for rec in recs.values():
         servers.thaw(rec)
     precision = None
@@ -316,7 +325,7 @@ async def _measure_blocks(
             "decisions": decisions,
         }
     used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
-    return _Measured(level_results(), used, infos, blocks, level_s, precision)
+    return _Measured(level_results(), used, infos, blocks, level_s, precision, referrals)
 
 
 def _measure_once(
@@ -356,6 +365,8 @@ def _measure_once(
         summary = level_summary_of(cell.spec, m.results[arm], m.inputs[arm], cell.plan, m.infos[arm], cell.dataset, 0.0)
         summary["level_s"] = m.level_s[arm]
         summary["pairing"] = pairing
+        if arm in m.referrals:
+            summary["output_referral"] = m.referrals[arm]
         first_slot = slot_of(arm, 1, instances)
         rec = recs[first_slot]
         summaries[arm] = finish_summary(cell, summary, slots[first_slot].make_spec(rec.port), rec, ready_s)

@@ -231,6 +231,50 @@ class Pairing(Record):
     precision: RoundLog | None = Field(None, description="measured until its answer was known: the rounds' log")
 
 
+class ReferredOutput(Record):
+    """One output that differs from the reference arm's, referred to the reference server (client/referral.py)."""
+
+    repeat: int = Field(description="its round")
+    prompt_index: int = Field(description="its prompt in the round's set")
+    char: int = Field(description="the first character where the two outputs differ")
+    token_char: int = Field(description="where the token they part at starts")
+    reference_token: str | None = Field(None, description="the reference arm's token there")
+    other_token: str | None = Field(None, description="this arm's token there (null: not among the server's top k)")
+    reference_logprob: float | None = Field(None, description="the reference token's log-probability")
+    other_logprob: float | None = Field(None, description="this arm's token's log-probability")
+    margin_nats: float | None = Field(
+        None, description="reference minus this arm's log-probability (null: this arm's token not in the top k)"
+    )
+    steps: int = Field(description="requests sent to find the parting token")
+    error: str | None = Field(None, description="why it was not referred (the figures are then null)")
+    other_head: str = Field("", description="this arm's text from token_char on")
+
+
+class ReferralCheck(Record):
+    """The server forced with half of one of the reference's own outputs: is its top token the reference's?"""
+
+    repeat: int = Field(description="the output's round")
+    prompt_index: int = Field(description="its prompt")
+    char: int = Field(description="where the forced prefix ends")
+    agrees: bool = Field(
+        description="the server's top candidate is the reference's token (else no referral is trusted)"
+    )
+    expected: str = Field(description="the reference's text from char on")
+    top: str | None = Field(None, description="the server's top candidate")
+    error: str | None = Field(None, description="why it could not be asked")
+
+
+class OutputReferral(Record):
+    """The cell's outputs against the reference arm's at the level, differences referred while its server was up."""
+
+    against: str = Field(description="the reference arm (whose server answered)")
+    compared: int = Field(description="requests compared (same prompt, same requested length, both ok)")
+    differ: int = Field(description="of which the outputs differ")
+    top_k: int = Field(description="candidates asked per token")
+    check: ReferralCheck | None = Field(None, description="the referral checked on the reference's own output")
+    referred: list[ReferredOutput] = Field(description="the differences referred (at most the first 32)")
+
+
 class AttemptLog(Record):
     attempt: int = Field(description="its number, from 1")
     valid: bool = Field(description="its validity under the gates")
@@ -259,6 +303,9 @@ class CellSummary(MeasuredLevel):
     level_s: float = Field(description="seconds the level took: warm-up, cache resets, probes, the loops")
     measured_s: float = Field(description="seconds of the closed loops themselves")
     pairing: Pairing | None = Field(None, description="interleaved or segmented levels")
+    output_referral: OutputReferral | None = Field(
+        None, description="interleaved levels, arms besides the reference: its outputs' differences, referred"
+    )
     attempts: Attempts | None = Field(None, description="where the cell was measured more than once")
 
 

@@ -24,6 +24,7 @@ class FaultConfig:
     truncate_after_tokens: int | None = None  # end one stream without finish_reason / [DONE]
     slow_start_s: float = 0.0  # health answers 503 this long after start
     corrupt_output_fraction: float = 0.0  # this share of prompts (chosen by prompt hash) get one wrong output word
+    near_tie_output_fraction: float = 0.0  # this share of prompts take the second word at their first near-tie
 
     def active(self) -> dict[str, float | int]:
         return {k: v for k, v in asdict(self).items() if v not in (None, 0, 0.0)}
@@ -68,6 +69,12 @@ class FaultState:
         """Whether this prompt's output is corrupted: by its hash, so the same prompts in every run."""
         f = self.config.corrupt_output_fraction
         return f > 0 and (prompt_hash % 10_000) < f * 10_000
+
+    def flips_tie(self, prompt_hash: int) -> bool:
+        """Whether this prompt's output parts from plain decoding at its first near-tie (other batch numerics):
+        by its hash, chosen apart from `corrupts`."""
+        f = self.config.near_tie_output_fraction
+        return f > 0 and (prompt_hash // 10_000) % 10_000 < f * 10_000
 
     def should_crash(self, tokens_emitted: int) -> bool:
         n = self.config.crash_after_tokens

@@ -41,14 +41,46 @@ def prompt_hash(tokens: list[str]) -> int:
     return zlib.crc32(" ".join(tokens).encode())
 
 
-def output_words(tokens: list[str], n: int, corrupt: bool = False) -> list[str]:
-    """The output for a prompt: n words determined by the prompt alone, the same in every arm and run (greedy
-    decoding is deterministic, and speculative decoding must not change it); whitespace splitting gives one
-    word per token. `corrupt` replaces the middle word, as a broken draft or verify path would."""
-    h = prompt_hash(tokens)
-    words = [f"{'' if i == 0 else ' '}w{(h + 7919 * i) % 99_991}" for i in range(n)]
+TIE_NATS = 0.004  # a near-tie step: its top two words this far apart (a bf16 rounding step or two)
+CLEAR_NATS = 2.5  # every other step: the top word clearly ahead
+TIE_STATES_PER_MILLE = 50  # the share of steps that are near-ties (most 64-word outputs hold one)
+
+
+def next_words(state: int, k: int = 2) -> list[tuple[str, float]]:
+    """The sim's "model" at a decoding state: its top-k next words with log-probabilities, most likely first.
+
+    The state is the CRC-32 of everything before the word (prompt and output words, space-joined), so a
+    continuation of the prompt plus part of its output is answered as the output went on: a server can be
+    asked what it would have generated after any prefix (client/referral.py asks at a difference)."""
+    top = state % 99_991
+    alt = (state // 99_991) % 99_991
+    if alt == top:
+        alt = (alt + 1) % 99_991
+    gap = TIE_NATS if (state >> 20) % 1000 < TIE_STATES_PER_MILLE else CLEAR_NATS
+    lp = -0.05
+    out = [(f"w{top}", lp), (f"w{alt}", lp - gap)]
+    out += [(f"w{(alt + 7 * i) % 99_991}", lp - gap - 3.0 * i) for i in range(1, max(0, k - 2) + 1)]
+    return out[:k]
+
+
+def output_words(tokens: list[str], n: int, corrupt: bool = False, flip_tie: bool = False) -> list[str]:
+    """The output for a prompt: n greedy words determined by the prompt alone, the same in every arm and run
+    (greedy decoding is deterministic, and speculative decoding must not change it); each word carries its
+    leading space, as a BPE token does, and whitespace splitting gives one word per token.
+
+    `corrupt` replaces the middle word, as a broken draft or verify path would; `flip_tie` takes the second word
+    at the first near-tie step, as other batch numerics do (both are faults of a speculative sim server)."""
+    state = prompt_hash(tokens)
+    words: list[str] = []
+    for _ in range(n):
+        (top, _lp), (alt, alt_lp) = next_words(state)
+        word = top
+        if flip_tie and _lp - alt_lp < CLEAR_NATS:
+            word, flip_tie = alt, False
+        words.append(" " + word)
+        state = zlib.crc32((" " + word).encode(), state)
     if corrupt and n:
-        words[n // 2] = ("" if n // 2 == 0 else " ") + "CORRUPTED"
+        words[n // 2] = " CORRUPTED"
     return words
 
 
@@ -402,13 +434,18 @@ class SimServer:
         prompt_tokens = len(tokens)
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
+        if body.get("return_logprob") and body.get("top_logprobs_num") and not body.get("stream"):
+            top = next_words(prompt_hash(tokens), int(body["top_logprobs_num"]))
+            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "finish_reason": {"type": "length"}}
+            meta["output_top_logprobs"] = [[[lp, i, " " + w] for i, (w, lp) in enumerate(top)]]
+            return web.json_response({"text": " " + top[0][0], "meta_info": meta})
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err
         stream = self._submit(tokens, max_new)
         cached = stream.cached
         rid = f"{stream.req.rid:032x}"
-        words = output_words(tokens, max_new, self.fault_state.corrupts(prompt_hash(tokens)))
+        words = self._words(tokens, max_new)
 
         def obj(pos: int, finished: bool) -> dict[str, Any]:
             meta: dict[str, Any] = {
@@ -439,6 +476,33 @@ class SimServer:
             if not stream.done:
                 self.engine.abort(stream.req)
 
+    def _words(self, tokens: list[str], max_new: int) -> list[str]:
+        h = prompt_hash(tokens)
+        return output_words(tokens, max_new, self.fault_state.corrupts(h), self.fault_state.flips_tie(h))
+
+    def _next_word_logprobs(self, body: dict[str, Any], tokens: list[str], chat: bool) -> web.Response:
+        """A log-probability request (client/referral.py): the next word's top candidates, answered at once,
+        outside the timing model. Completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`."""
+        k = int(body.get("top_logprobs") or 1) if chat else int(body["logprobs"])
+        top = next_words(prompt_hash(tokens), max(1, k))
+        word, lp = " " + top[0][0], top[0][1]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            content = [{"token": " " + w, "logprob": x, "bytes": None} for w, x in top]
+            choice["message"] = {"role": "assistant", "content": word}
+            choice["logprobs"] = {"content": [{"token": word, "logprob": lp, "top_logprobs": content}]}
+        else:
+            choice["text"] = word
+            choice["logprobs"] = {
+                "text_offset": [0],
+                "token_logprobs": [lp],
+                "tokens": [word],
+                "top_logprobs": [{" " + w: x for w, x in top}],
+            }
+        usage = {"prompt_tokens": len(tokens), "completion_tokens": 1, "total_tokens": len(tokens) + 1}
+        kind = "chat.completion" if chat else "text_completion"
+        return web.json_response({"id": "cmpl-logprobs", "object": kind, "choices": [choice], "usage": usage})
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)
 
@@ -451,12 +515,14 @@ class SimServer:
         tokens = _chat_prompt(body) if chat else _completion_prompt(body)
         prompt_tokens = len(tokens)
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        if body.get("logprobs") and not body.get("stream"):
+            return self._next_word_logprobs(body, tokens, chat)
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err
         stream = self._submit(tokens, max_new)
         cached = stream.cached
-        words = output_words(tokens, max_new, self.fault_state.corrupts(prompt_hash(tokens)))
+        words = self._words(tokens, max_new)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -572,7 +638,8 @@ def _chat_prompt(body: dict[str, Any]) -> list[str]:
         if isinstance(content, list):
             content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
         words += [f"<|{role}|>", *prompt_words(str(content or ""))]
-    return [*words, "<|assistant|>"]
+    # continue_final_message: the last (assistant) message is open, its content continued, no new turn
+    return words if body.get("continue_final_message") else [*words, "<|assistant|>"]
 
 
 async def serve(server: SimServer, host: str, port: int) -> None:

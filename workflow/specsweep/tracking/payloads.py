@@ -221,6 +221,14 @@ def curves(data: dict[str, Any]) -> list[Any]:
                 "speedup_rounds": finite_number(precision.get("rounds")),
                 "speedup_target_met": float(precision["met"]) if precision.get("target") is not None else None,
             }
+            # same output, only faster? (analysis/outputs.py): the share equal to the baseline's, the share that
+            # differs at near-ties (batch numerics) and the clear differences (another text)
+            match = r.get("output_match") or {}
+            figures |= {
+                "same_output": finite_number(match.get("share")),
+                "near_tie_output": finite_number(match.get("tie_share")),
+                "clear_output_differences": finite_number((match.get("referral") or {}).get("clear")),
+            }
             for key, v in figures.items():
                 if v is not None:
                     out.append(Metric(f"{arm_name}.{key}", v, now, level_step(r["concurrency"], load)))

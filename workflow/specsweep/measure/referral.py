@@ -1,0 +1,66 @@
+"""At the end of an interleaved level: every arm's outputs against the reference arm's, each difference referred
+to the reference server while it is still up (`client/referral.py` says what is asked and why).
+
+The analysis judges the referred differences (`analysis/outputs.py`): a near-tie is other batch numerics, a clear
+margin is an arm that generates other text. Only the first MAX_REFERRED differences per arm are referred: a
+broken verify path shows in the first few, and a level's time is not spent on hundreds of requests."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Any
+
+import aiohttp
+
+from specsweep.client.loadgen import RepeatResult
+from specsweep.client.referral import TOP_K, refer, self_check
+from specsweep.measure.cell import LevelInputs
+
+__all__ = ["MAX_REFERRED", "refer_level"]
+
+MAX_REFERRED = 32
+
+
+async def refer_level(
+    reference: str, repeats: dict[str, list[RepeatResult]], inputs: dict[str, LevelInputs], url: str
+) -> dict[str, dict[str, Any]]:
+    """arm -> its `output_referral` (records.OutputReferral) for every arm besides `reference`, whose server
+    answers at `url`."""
+    req = replace(inputs[reference].req, url=url)
+    sets = inputs[reference].prompts.repeats
+    ref_out = {(rep.repeat, rec.prompt_index): rec for rep in repeats[reference] for rec in rep.records if rec.ok}
+    out: dict[str, dict[str, Any]] = {}
+    async with aiohttp.ClientSession() as session:
+        # first, whether the server reproduces the reference's own token after a prefix of its own output: if
+        # not, its answers about the differences are not trusted (analysis/outputs.py)
+        (r0, i0), first = next(iter(ref_out.items())) if ref_out else ((0, 0), None)
+        check = None
+        if first is not None and first.output_text:
+            check = asdict(await self_check(session, req, sets[r0].request(i0, req.sends_messages), first.output_text))
+            check.update(repeat=r0, prompt_index=i0)
+        for arm, reps in repeats.items():
+            if arm == reference:
+                continue
+            compared, differ = 0, []
+            for rep in reps:
+                for rec in rep.records:
+                    base = ref_out.get((rep.repeat, rec.prompt_index))
+                    if not rec.ok or base is None or base.expected_output_tokens != rec.expected_output_tokens:
+                        continue
+                    compared += 1
+                    if base.output_sha256 != rec.output_sha256:
+                        differ.append((rep.repeat, rec, base))
+            referred = []
+            for r, rec, base in differ[:MAX_REFERRED]:
+                prompt = sets[r].request(rec.prompt_index, req.sends_messages)
+                found = await refer(session, req, prompt, base.output_text, rec.output_text)
+                referred.append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
+            out[arm] = {
+                "against": reference,
+                "compared": compared,
+                "differ": len(differ),
+                "top_k": TOP_K,
+                "check": check,
+                "referred": referred,
+            }
+    return out

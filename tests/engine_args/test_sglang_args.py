@@ -10,16 +10,20 @@ warning, not a gate: a new release may deprecate a flag the pinned one needs).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from specsweep import config as ssconfig
 from specsweep.analysis.policy import engine_policy
+from specsweep.client.backends import RequestSpec
+from specsweep.client.referral import TOP_K, read_replay, request_body
 from specsweep.io import atomic_write_json
 from tests.conftest import REPO
-from tests.engine_args.conftest import SGLANG_RECIPE, run_check
+from tests.engine_args.conftest import CHECK_TIMEOUT_S, HERE, SGLANG_RECIPE, run_check
 from tests.support.commands import commands_for_config, example_path
 
 pytestmark = [pytest.mark.engine_args, pytest.mark.timeout(900)]
@@ -183,3 +187,37 @@ def test_misspelled_unknown_and_deprecated_flags_fail(sglang_python: str, tmp_pa
     assert "not in the adaptive config's candidate_steps" in r["steps not a candidate"]["errors"][0]
     assert "topk=1" in r["adaptive with topk 4"]["errors"][0]
     assert not problems(r["fine"])
+
+
+def test_the_referral_request_and_its_answer_as_sglang_reads_and_writes_them(sglang_python: str) -> None:
+    """An output difference is referred to an SGLang baseline by a replay through /generate
+    (client/referral.py): SGLang's own GenerateReqInput has every field of the body and SamplingParams takes its
+    sampling parameters; meta_info's `output_token_logprobs` and `output_top_logprobs` as SGLang's
+    TokenizerManager builds them (its methods' own source, run) are what the referral reads (each token's text,
+    its candidates most likely first)."""
+    spec = RequestSpec(url="http://127.0.0.1:1", backend="sglang")
+    body = request_body(spec, "The prompt", 2, TOP_K)
+    values, ids = (
+        [[-0.4, -0.9, -2.0, -3.1, -4.5], [-0.1, -2.5, -3.0, -3.5, -4.0]],
+        [[17, 4, 99, 3, 8], [5, 6, 7, 9, 10]],
+    )
+    given = {"payload": body, "token_values": [-0.4, -0.1], "token_ids": [17, 5], "values": values, "ids": ids}
+    proc = subprocess.run(
+        [sglang_python, str(HERE / "sglang_referral_check.py")],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=CHECK_TIMEOUT_S,
+        cwd=HERE,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONWARNINGS": "ignore"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["unknown"] == [] and out["unknown_sampling"] == [], out
+    assert body["return_logprob"] is True and body["top_logprobs_num"] == TOP_K and body["return_text_in_logprobs"]
+    meta = {"output_token_logprobs": out["output_token_logprobs"], "output_top_logprobs": out["output_top_logprobs"]}
+    replayed = read_replay(spec, json.loads(json.dumps({"text": "<17><5>", "meta_info": meta})))
+    assert replayed.tokens == ["<17>", "<5>"] and replayed.text == "<17><5>"
+    assert replayed.top[0] == [("<17>", -0.4), ("<4>", -0.9), ("<99>", -2.0), ("<3>", -3.1), ("<8>", -4.5)]
+    assert replayed.top[1][:2] == [("<5>", -0.1), ("<6>", -2.5)]

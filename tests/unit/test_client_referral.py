@@ -1,9 +1,9 @@
 """A difference between two arms' outputs, referred to the reference server over HTTP (client/referral.py):
 near-ties found as near-ties, a wrong word as a clear difference, on every API the load generator speaks.
 
-The simulated server answers log-probability requests for any prefix (its words follow from everything before
-them, `sim.server.next_words`), and its faults make a speculative server part from the baseline at a near-tie
-(`near_tie_output_fraction`) or replace a word (`corrupt_output_fraction`)."""
+The simulated server replays a prompt with the top-k log-probabilities of every word (its words follow from
+everything before them, `sim.server.next_words`), and its faults make a speculative server part from the baseline
+at a near-tie (`near_tie_output_fraction`) or replace a word (`corrupt_output_fraction`)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,22 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
-from specsweep.client.referral import forced_start, next_tokens, refer, self_check
+from specsweep.client.referral import Replay, judge, refer, self_check, tokens_through
 from specsweep.sim.faults import FaultConfig
 from specsweep.sim.profile import load_profile
-from specsweep.sim.server import CLEAR_NATS, TIE_NATS, SimServer
+from specsweep.sim.server import TIE_NATS, SimServer
 
 pytestmark = pytest.mark.unit
 
 PROMPTS = [f"prompt number {i} about the weather" for i in range(40)]
+TOKENS = 24
 FORMS = [("sglang", "completions"), ("openai", "completions"), ("openai", "chat")]
 
 
 async def _outputs(spec: RequestSpec, session: aiohttp.ClientSession) -> list[str]:
     out = []
     for i, p in enumerate(PROMPTS):
-        rec = await send_request(session, spec, p, RequestRecord(i, i, 24, 8))
+        rec = await send_request(session, spec, p, RequestRecord(i, i, TOKENS, 8))
         assert rec.ok, rec.error
         out.append(rec.output_text)
     return out
@@ -48,12 +49,12 @@ def _refer_all(backend: str, endpoint: str, faults: FaultConfig):
                     RequestSpec(url=str(s.make_url("")), backend=backend, endpoint=endpoint), session
                 )
                 found = [
-                    (i, await refer(session, rs, PROMPTS[i], ref[i], other[i]))
+                    (i, await refer(session, rs, PROMPTS[i], ref[i], other[i], TOKENS))
                     for i in range(len(PROMPTS))
                     if ref[i] != other[i]
                 ]
-                check = await self_check(session, rs, PROMPTS[0], ref[0])
-        assert check.agrees and check.error is None and ref[0][check.char :].startswith(check.top), check
+                check = await self_check(session, rs, PROMPTS[0], ref[0], TOKENS)
+        assert check.agrees and check.reproduces and check.error is None and check.char == len(ref[0]), check
         return ref, other, found
 
     return asyncio.run(main())
@@ -83,40 +84,29 @@ def test_a_replaced_word_is_a_clear_difference(backend: str, endpoint: str) -> N
         assert x.steps >= 1
 
 
-def test_a_clear_margin_between_two_candidates_is_measured() -> None:
-    """The other arm's token among the candidates but far behind: its margin is the sim's clear gap."""
+def test_a_difference_past_a_replay_that_parts_first_is_not_referred() -> None:
+    """The reference's own replay parts from its recorded output before the difference (its batch numerics):
+    nothing is judged there, and the error says where and by how much."""
+    r = Replay([" a", " b", " x"], [[(" a", -0.1)], [(" b", -0.1)], [(" x", -0.1), (" c", -0.103)]], " a b x")
+    x = judge(r, " a b c d", " a b c e")
+    assert x.margin_nats is None and x.error and "char 4" in x.error and "0.003" in x.error, x
+    y = judge(r, " a b x d", " a b y e")  # the replay follows the reference: judged at its third token
+    assert y.token_char == 4 and y.char == 5 and y.reference_token == " x" and y.other_token is None, y
+    z = judge(Replay([" a"], [[(" a", -0.1)]], " a"), " a b", " a c")
+    assert z.error and "ended" in z.error
 
-    async def main():
-        base = SimServer(load_profile("demo"))
-        async with TestServer(base.app(), host="127.0.0.1", port=0) as b:
-            rs = RequestSpec(url=str(b.make_url("")), backend="openai")
-            async with aiohttp.ClientSession() as session:
-                rec = await send_request(session, rs, PROMPTS[0], RequestRecord(0, 0, 12, 8))
-                text = rec.output_text
-                words = text.split(" ")
-                # the 4th word swapped for the server's second choice there
-                prefix = " ".join(words[:4])
-                cands = await next_tokens(session, rs, PROMPTS[0], prefix)
-                other = prefix + cands[1][0] + " tail"
-                return text, other, await refer(session, rs, PROMPTS[0], text, other), cands
 
-    text, other, x, cands = asyncio.run(main())
-    assert x.error is None and x.other_token == cands[1][0]
-    assert x.margin_nats == pytest.approx(cands[0][1] - cands[1][1])
-    assert x.margin_nats in (pytest.approx(CLEAR_NATS), pytest.approx(TIE_NATS))
+def test_the_replay_covers_the_difference_and_stops_soon_after() -> None:
+    text = " w1" * 100  # 300 characters of 100 tokens
+    assert tokens_through(text, 30, 100) == int(31 * 100 / 300 * 1.25) + 8
+    assert tokens_through(text, 299, 100) == 100 and tokens_through("", 0, 64) == 64
 
 
 def test_an_unreachable_server_is_an_error_not_a_figure() -> None:
     async def main():
         async with aiohttp.ClientSession() as session:
             rs = RequestSpec(url="http://127.0.0.1:9", backend="openai", request_timeout_s=2)
-            return await refer(session, rs, "p", " a b c", " a b d")
+            return await refer(session, rs, "p", " a b c", " a b d", 3)
 
     x = asyncio.run(main())
     assert x.error and x.margin_nats is None and x.reference_token is None
-
-
-def test_the_forced_prefix_ends_at_a_whitespace_before_the_difference() -> None:
-    assert forced_start(" w1 w22 w3", 6) == 3
-    assert forced_start(" w1", 2) == 0
-    assert forced_start("x" * 100, 90) == 90  # no whitespace within reach: the difference itself

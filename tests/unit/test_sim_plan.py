@@ -54,9 +54,41 @@ def test_fixed_and_adaptive_plans(config_file: Path) -> None:
 
 def test_plan_command_prints_json(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--config", str(config_file), "--json"]) == 0
-    (pair,) = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    (pair,) = out["runs"]
     assert [p["mode"] for p in pair] == ["fixed", "adaptive"]
     assert pair[1]["crossover"]["eagle3"]["width"] is not None
+    # the demo profile has no plausible profiles; no server start given: none counted, and said so
+    assert out["plausible"] == [] and out["server_start_s"] == 0.0 and "not given" in out["server_start_from"]
+
+
+def test_a_calibrated_profile_is_planned_over_its_plausible_profiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Kimi fusion profile's plausible profiles (its calibration's ensemble) disagree on the C=1 speedup:
+    the plan runs the grid on the two ends and one between, and prints each one's crossover and the range of the
+    measuring time, with the server start the config gives the variant (expected_start_s)."""
+    cfg = {
+        **CONFIG,
+        "concurrency": [1, 64],
+        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
+        "adaptive": {"enabled": False},
+        "policy": {"measure": False},
+        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
+    }
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    args = ["plan", "--config", str(path), "--profile", "kimi-k25-cu130-fusion", "--plausible", "3"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["server_start_s"] == 600 and out["server_start_from"] == "variants.gpu.expected_start_s"
+    assert len(out["plausible"]) == 3 and out["ensemble_size"] >= 3
+    starts = [sum(p["server_starts"].values()) for p in out["plausible"]]
+    assert all(p["total_s"] >= 600 * n for p, n in zip(out["plausible"], starts, strict=True))
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "server start 600 s (variants.gpu.expected_start_s)" in text
+    assert f"over 3 of the profile's {out['ensemble_size']} plausible profiles" in text and "eagle3: crossover" in text
 
 
 def test_plan_needs_a_profile_for_a_real_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

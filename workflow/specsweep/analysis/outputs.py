@@ -39,10 +39,10 @@ def referred_figures(referral: dict[str, Any] | None, tie_nats: float) -> dict[s
     if not referral:
         return {"referred": 0, "near_ties": 0, "clear": 0, "unreferred": None, "clear_examples": [], "errors": []}
     check = referral.get("check")
-    if check is not None and not check["agrees"]:  # the server's answers are not asked as the outputs were made
+    if check is not None and not check["agrees"]:  # positions in an output are not positions in its tokens
         why = check.get("error") or (
-            f"the server's top token after half of a {referral['against']} output is {check.get('top')!r}, "
-            f"not its own {check['expected'][:12]!r}: referrals not trusted"
+            f"the {referral['against']} server's replay of one of its outputs does not read back (its tokens' texts "
+            f"do not join to its text {check.get('top')!r}): referrals not trusted"
         )
         return {
             "against": referral["against"],

@@ -16,14 +16,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="a calibrated profile (name or YAML); default: the sim variant's own")
     parser.add_argument("--seeds", type=int, default=1, help="plan this many times (engine seeds 0..N-1)")
     parser.add_argument(
-        "--server-start-s", type=float, default=0.0, help="seconds per server start (a real 8-GPU start: minutes)"
+        "--server-start-s",
+        type=float,
+        default=None,
+        help="seconds per server start (default: the variant's expected_start_s; a real 8-GPU start: minutes)",
+    )
+    parser.add_argument(
+        "--plausible",
+        type=int,
+        default=5,
+        metavar="N",
+        help="also plan the fixed grid on N of a calibrated profile's plausible profiles (0: none), as predict's "
+        "intervals do",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plan = plan_config(load(args.config), args.variant, args.profile, args.seeds, args.server_start_s)
+        plan = plan_config(
+            load(args.config), args.variant, args.profile, args.seeds, args.server_start_s, args.plausible
+        )
     except (ConfigError, PlanError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -2,23 +2,25 @@
 
 Greedy speculative decoding is lossless in exact arithmetic, but the verify pass scores K+1 tokens in one batch
 and a busy server batches requests differently from one step to the next, so two greedy runs can part where the
-model's top two tokens are a rounding step apart (on vLLM's CPU build the baseline differs from itself between
+model's top two tokens are a rounding step apart (on vLLM's CPU build the baseline differed from itself between
 C=1 and C=16 on 8 of 48 prompts, each time at top-2 log-probabilities 0-0.008 nats apart). A broken draft or
-verify path parts where the model clearly prefers one token. The server tells which: asked for the
-log-probabilities of the next token after the prompt plus the two outputs' common prefix (teacher-forced, a
-prefill: no speculation runs in it), it returns its top candidates; the margin between the reference's token and
-the other arm's says near-tie or not.
+verify path parts where the model clearly prefers one token. The server tells which.
 
-The common prefix is forced from its last whitespace (a token boundary for BPE and SentencePiece vocabularies,
-whose tokens carry their leading space) and walked forward one shared token at a time, so the question is asked
-exactly at the token where the outputs part.
+How it is asked: the reference server generates the prompt again, greedy, alone (batch size 1), with the top-k
+log-probabilities of every token (a *replay*, sent exactly as the measured request was: same text or messages,
+same template, so tokenized alike). Where the replay follows the reference's recorded output up to the
+difference, the replay's candidates at the token where the two outputs part are the model's own scores of both
+tokens after the common prefix; their margin says near-tie or not. Forcing the common prefix as text instead
+(prompt + prefix, one new token) would retokenize a generated sequence, which a model does not always generate
+in its canonical tokenization (the tiny random model of the vLLM example rarely does): the replay never
+retokenizes. Where the replay itself parts from the reference's recorded output before the difference (the
+reference's own batch numerics), the difference is not referred, and the error says where and by how much.
 
-APIs: SGLang's /generate (`return_logprob`, `top_logprobs_num`, `return_text_in_logprobs`: meta_info
-`output_top_logprobs`, [logprob, token id, text] per candidate, read in SGLang's `tokenizer_manager`), OpenAI
-completions (`logprobs: k`: `choices[0].logprobs.top_logprobs[0]`, token text -> logprob) and chat
-(`continue_final_message` with the prefix as the assistant's message, `logprobs`/`top_logprobs`:
-`choices[0].logprobs.content[0].top_logprobs`), as vLLM's `completion/protocol.py` and
-`chat_completion/protocol.py` define them.
+APIs (non-streamed, `ignore_eos` as measured): SGLang's /generate (`return_logprob`, `top_logprobs_num`,
+`return_text_in_logprobs`: meta_info `output_token_logprobs` and `output_top_logprobs`, [logprob, token id,
+text] per token and candidate, as SGLang's `tokenizer_manager` builds them), OpenAI completions (`logprobs: k`:
+`choices[0].logprobs.tokens` and `.top_logprobs`, token text -> logprob) and chat (`logprobs`, `top_logprobs`:
+`choices[0].logprobs.content[i]`), as vLLM's `completion/protocol.py` and `chat_completion/protocol.py` define.
 """
 
 from __future__ import annotations
@@ -34,13 +36,24 @@ import aiohttp
 
 from specsweep.client.backends import RequestSpec
 
-__all__ = ["TOP_K", "Referral", "SelfCheck", "forced_start", "next_tokens", "refer", "self_check"]
+__all__ = ["TOP_K", "Referral", "Replay", "SelfCheck", "read_replay", "refer", "replay", "request_body", "self_check"]
 
-TOP_K = 5  # candidates asked for: the two arms' tokens are usually the top two; a third near-tie shows too
-MAX_STEPS = 8  # shared tokens walked from the forced whitespace to the token where the outputs part
-_BACK_CHARS = 64  # how far back from the difference a whitespace boundary is looked for
+TOP_K = 5  # candidates asked per token: the two arms' tokens are usually the top two; a third near-tie shows too
+_SLACK_TOKENS = 8  # replayed past the difference's estimated token, so it is always covered
+_FAULTS = (TimeoutError, aiohttp.ClientError, OSError, RuntimeError, ValueError, LookupError, TypeError)
 
 Prompt = str | Sequence[Mapping[str, str]]
+Candidates = list[tuple[str, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The reference server's greedy replay of a prompt: its tokens' texts, each position's top candidates (most
+    likely first) and the text it returned."""
+
+    tokens: list[str]
+    top: list[Candidates]
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +61,11 @@ class Referral:
     """Where two greedy outputs part and what the reference server's model made of that token.
 
     `margin_nats`: the reference's token's log-probability minus the other arm's (None when the other arm's
-    token is not among the server's top TOP_K: a clear difference). `error`: why it could not be asked (the
+    token is not among the server's top TOP_K: a clear difference). `error`: why it could not be judged (the
     figures are then None)."""
 
     char: int  # the first differing character of the outputs
-    token_char: int  # where the differing token starts (the forced prefix's length)
+    token_char: int  # where the token they part at starts
     reference_token: str | None = None
     other_token: str | None = None
     reference_logprob: float | None = None
@@ -60,134 +73,164 @@ class Referral:
     margin_nats: float | None = None
     steps: int = 0  # requests sent
     error: str | None = None
-    other_head: str = ""  # the other output's text from token_char on (names it where its token is not a candidate)
+    other_head: str = ""  # the other output's text from token_char on (names it where its token is no candidate)
 
 
-def forced_start(text: str, char: int) -> int:
-    """The prefix length to force: the last whitespace at or before `char` (within _BACK_CHARS), else `char`."""
-    lo = max(0, char - _BACK_CHARS)
-    for i in range(char, lo - 1, -1):
-        if i < len(text) and text[i].isspace():
-            return i
-    return 0 if char <= _BACK_CHARS else char
-
-
-def _payload(spec: RequestSpec, prompt: Prompt, forced: str, k: int) -> dict[str, Any]:
+def request_body(spec: RequestSpec, prompt: Prompt, max_tokens: int, k: int) -> dict[str, Any]:
+    """The replay's body: the measured request's prompt, greedy, `max_tokens`, the top-k of every token."""
     if spec.backend == "sglang":
         if not isinstance(prompt, str):
             raise ValueError("/generate takes text, not chat messages")
         return {
-            "text": prompt + forced,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
             "return_logprob": True,
             "top_logprobs_num": k,
             "return_text_in_logprobs": True,
             "stream": False,
         }
-    body: dict[str, Any] = {"max_tokens": 1, "temperature": 0.0, "stream": False}
+    body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": False}
     if spec.model:
         body["model"] = spec.model
     if spec.endpoint == "chat":
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        if forced:
-            messages.append({"role": "assistant", "content": forced})
-            body.update(continue_final_message=True, add_generation_prompt=False)
         body.update(messages=messages, logprobs=True, top_logprobs=k)
     else:
         if not isinstance(prompt, str):
             raise ValueError("/v1/completions takes text, not chat messages")
-        body.update(prompt=prompt + forced, logprobs=k)
+        body.update(prompt=prompt, logprobs=k)
     return body
 
 
-def _candidates(spec: RequestSpec, obj: dict[str, Any]) -> list[tuple[str, float]]:
-    """The next token's candidates, most likely first."""
-    if spec.backend == "sglang":
-        top = obj["meta_info"]["output_top_logprobs"][0]
-        pairs = [(str(c[2]), float(c[0])) for c in top]
-    elif spec.endpoint == "chat":
-        top = obj["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-        pairs = [(str(c["token"]), float(c["logprob"])) for c in top]
-    else:
-        top = obj["choices"][0]["logprobs"]["top_logprobs"][0]
-        pairs = [(str(t), float(lp)) for t, lp in top.items()]
+def _ranked(pairs: list[tuple[str, float]]) -> Candidates:
     return sorted(pairs, key=lambda p: -p[1])
 
 
-async def next_tokens(
-    session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, forced: str, k: int = TOP_K
-) -> list[tuple[str, float]]:
-    """The server's top-k candidates (text, log-probability) for the token after `prompt` + `forced`, greedy."""
+def read_replay(spec: RequestSpec, obj: dict[str, Any]) -> Replay:
+    """A replay's answer, as each API writes it."""
+    if spec.backend == "sglang":
+        meta = obj["meta_info"]
+        tokens = [str(t[2]) for t in meta["output_token_logprobs"]]
+        top = [_ranked([(str(c[2]), float(c[0])) for c in pos]) for pos in meta["output_top_logprobs"]]
+        return Replay(tokens, top, str(obj["text"]))
+    choice = obj["choices"][0]
+    if spec.endpoint == "chat":
+        content = choice["logprobs"]["content"]
+        tokens = [str(t["token"]) for t in content]
+        top = [_ranked([(str(c["token"]), float(c["logprob"])) for c in t["top_logprobs"]]) for t in content]
+        return Replay(tokens, top, str(choice["message"]["content"]))
+    lp = choice["logprobs"]
+    top = [_ranked([(str(t), float(x)) for t, x in pos.items()]) for pos in lp["top_logprobs"]]
+    return Replay([str(t) for t in lp["tokens"]], top, str(choice["text"]))
+
+
+async def replay(
+    session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, max_tokens: int, k: int = TOP_K
+) -> Replay:
+    """The server of `spec` generates `prompt` again (greedy, alone) with the top-k candidates of every token."""
     url = spec.url.rstrip("/") + spec.path()
-    headers = {k_: v for k_, v in spec.headers().items() if k_ != "Accept"}
+    headers = {h: v for h, v in spec.headers().items() if h != "Accept"}
+    body = json.dumps(request_body(spec, prompt, max_tokens, k))
     async with asyncio.timeout(spec.request_timeout_s):
-        async with session.post(url, data=json.dumps(_payload(spec, prompt, forced, k)), headers=headers) as resp:
-            body = await resp.text()
+        async with session.post(url, data=body, headers=headers) as resp:
+            text = await resp.text()
             if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}: {body[:300]}")
-    return _candidates(spec, json.loads(body))
+                raise RuntimeError(f"HTTP {resp.status}: {text[:300]}")
+    return read_replay(spec, json.loads(text))
 
 
-def _token_of(rest: str, candidates: list[tuple[str, float]]) -> tuple[str, float] | None:
+def _token_of(rest: str, candidates: Candidates) -> tuple[str, float] | None:
     """The longest candidate that `rest` starts with (" an" over " a" for " an apple")."""
     fits = [c for c in candidates if c[0] and rest.startswith(c[0])]
     return max(fits, key=lambda c: len(c[0])) if fits else None
 
 
-async def refer(
-    session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, reference: str, other: str
-) -> Referral:
-    """Ask the server of `spec` where `reference` (its own arm's output) and `other` part, and how close the
-    two tokens there were. Never raises for the server's faults: they come back as the referral's `error`."""
+def tokens_through(text: str, char: int, n_tokens: int) -> int:
+    """How many tokens to replay to cover `char` of an output of `n_tokens` tokens (by its characters per token,
+    with slack): the replay stops soon after the difference, not at the output's end."""
+    if not text:
+        return n_tokens
+    return min(n_tokens, int((char + 1) * n_tokens / len(text) * 1.25) + _SLACK_TOKENS)
+
+
+def judge(r: Replay, reference: str, other: str) -> Referral:
+    """Walk the replay's tokens along `reference` to the token where `reference` and `other` part."""
     char = len(os.path.commonprefix([reference, other]))
-    at = forced_start(reference, char)
-    steps = 0
-    try:
-        while steps < MAX_STEPS:
-            candidates = await next_tokens(session, spec, prompt, reference[:at])
-            steps += 1
-            ref_tok = _token_of(reference[at:], candidates)
-            other_tok = _token_of(other[at:], candidates)
+    pos = 0
+    for tok, cands in zip(r.tokens, r.top, strict=False):
+        if not tok:
+            continue  # a token whose text shows with the next one (a partial character)
+        end = pos + len(tok)
+        if end > char:
+            ref_tok, other_tok = _token_of(reference[pos:], cands), _token_of(other[pos:], cands)
             if ref_tok is None:
-                return Referral(
-                    char, at, steps=steps, error=f"the reference's own next token is not among the top {TOP_K} here"
-                )
-            if other_tok is not None and other_tok[0] == ref_tok[0] and at + len(ref_tok[0]) <= char:
-                at += len(ref_tok[0])  # a token both outputs share: walk on
-                continue
+                why = f"the reference's own token at char {pos} is not among the replay's top {len(cands)}"
+                return Referral(char, pos, steps=1, error=why, other_head=other[pos : pos + 24])
             found = Referral(
-                char, at, ref_tok[0], reference_logprob=ref_tok[1], steps=steps, other_head=other[at : at + 24]
+                char, pos, ref_tok[0], reference_logprob=ref_tok[1], steps=1, other_head=other[pos : pos + 24]
             )
             if other_tok is None or other_tok[0] == ref_tok[0]:
                 return found  # the other arm's token is not among the candidates: a clear difference
             return replace(
                 found, other_token=other_tok[0], other_logprob=other_tok[1], margin_nats=ref_tok[1] - other_tok[1]
             )
-    except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError, ValueError, LookupError, TypeError) as e:
-        return Referral(char, at, steps=steps, error=f"{type(e).__name__}: {e}"[:300])
-    return Referral(char, at, steps=steps, error=f"no parting token within {MAX_STEPS} tokens of the forced prefix")
+        if reference[pos:end] != tok:  # the replay parts from the reference's recorded output first
+            a, b = (cands + [("", float("nan"))] * 2)[:2]
+            return Referral(
+                char,
+                pos,
+                steps=1,
+                error=(
+                    f"the reference server's replay parts from its own recorded output at char {pos}, before the "
+                    f"difference at {char} (its top two there {a[0]!r} {b[0]!r}, {a[1] - b[1]:.3g} nats apart)"
+                ),
+                other_head=other[pos : pos + 24],
+            )
+        pos = end
+    return Referral(char, pos, steps=1, error=f"the replay ended ({len(r.tokens)} tokens) before char {char}")
+
+
+async def refer(
+    session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, reference: str, other: str, n_tokens: int
+) -> Referral:
+    """Ask the server of `spec` (the reference arm's) where `reference` (its arm's output of `n_tokens` tokens)
+    and `other` part and how close the two tokens there were. Never raises for the server's faults: they come
+    back as the referral's `error`."""
+    char = len(os.path.commonprefix([reference, other]))
+    try:
+        r = await replay(session, spec, prompt, tokens_through(reference, char, n_tokens))
+    except _FAULTS as e:
+        return Referral(char, 0, steps=1, error=f"{type(e).__name__}: {e}"[:300])
+    return judge(r, reference, other)
 
 
 @dataclass(frozen=True, slots=True)
 class SelfCheck:
-    """Whether the server, forced with half of the reference's own output, names the reference's next token
-    as its top candidate: the referral's questions are then asked as the outputs were generated (the prompt,
-    the template and the forced prefix tokenized alike). `error`: why it could not be asked."""
+    """The replay read back: its tokens' texts joined are the text it returned (`agrees`), so positions in an
+    output are positions in the tokens; and whether it reproduced the recorded output it replays. `error`: why it
+    could not be asked."""
 
-    char: int
+    char: int  # characters compared
     agrees: bool = False
-    expected: str = ""  # the reference's text from `char` on
-    top: str | None = None  # the server's top candidate there
+    expected: str = ""  # the recorded output's head
+    top: str | None = None  # the replay's head
+    reproduces: bool | None = None  # the replay equals the recorded output over its length
     error: str | None = None
 
 
-async def self_check(session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, text: str) -> SelfCheck:
-    """Ask for the token after the prompt and the first half of `text` (from its whitespace): it must be the
-    one `text` continues with. Never raises for the server's faults."""
-    at = forced_start(text, len(text) // 2)
-    expected = text[at : at + 24]
+async def self_check(
+    session: aiohttp.ClientSession, spec: RequestSpec, prompt: Prompt, text: str, n_tokens: int
+) -> SelfCheck:
+    """Replay one recorded output of `n_tokens` tokens and read it back. Never raises for the server's faults."""
     try:
-        top = (await next_tokens(session, spec, prompt, text[:at]))[0][0]
-    except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError, ValueError, LookupError, TypeError) as e:
-        return SelfCheck(at, expected=expected, error=f"{type(e).__name__}: {e}"[:300])
-    return SelfCheck(at, bool(top) and text[at:].startswith(top), expected, top)
+        r = await replay(session, spec, prompt, n_tokens)
+    except _FAULTS as e:
+        return SelfCheck(0, expected=text[:24], error=f"{type(e).__name__}: {e}"[:300])
+    joined = "".join(r.tokens)
+    return SelfCheck(
+        len(joined),
+        joined == r.text and len(r.top) == len(r.tokens),
+        text[:24],
+        r.text[:24],
+        text.startswith(r.text) or r.text.startswith(text),
+    )

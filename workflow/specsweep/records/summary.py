@@ -245,22 +245,21 @@ class ReferredOutput(Record):
     margin_nats: float | None = Field(
         None, description="reference minus this arm's log-probability (null: this arm's token not in the top k)"
     )
-    steps: int = Field(description="requests sent to find the parting token")
+    steps: int = Field(description="requests sent (one replay)")
     error: str | None = Field(None, description="why it was not referred (the figures are then null)")
     other_head: str = Field("", description="this arm's text from token_char on")
 
 
 class ReferralCheck(Record):
-    """The server forced with half of one of the reference's own outputs: is its top token the reference's?"""
+    """One of the reference's own outputs replayed by its server and read back (client/referral.py)."""
 
     repeat: int = Field(description="the output's round")
     prompt_index: int = Field(description="its prompt")
-    char: int = Field(description="where the forced prefix ends")
-    agrees: bool = Field(
-        description="the server's top candidate is the reference's token (else no referral is trusted)"
-    )
-    expected: str = Field(description="the reference's text from char on")
-    top: str | None = Field(None, description="the server's top candidate")
+    char: int = Field(description="characters the replay's tokens joined to")
+    agrees: bool = Field(description="the replay's token texts join to its text (else no referral is trusted)")
+    expected: str = Field(description="the recorded output's head")
+    top: str | None = Field(None, description="the replay's head")
+    reproduces: bool | None = Field(None, description="the replay equals the recorded output over its length")
     error: str | None = Field(None, description="why it could not be asked")
 
 

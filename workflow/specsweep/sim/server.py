@@ -72,15 +72,15 @@ def output_words(tokens: list[str], n: int, corrupt: bool = False, flip_tie: boo
     at the first near-tie step, as other batch numerics do (both are faults of a speculative sim server)."""
     state = prompt_hash(tokens)
     words: list[str] = []
-    for _ in range(n):
-        (top, _lp), (alt, alt_lp) = next_words(state)
+    for i in range(n):
+        (top, top_lp), (alt, alt_lp) = next_words(state)
         word = top
-        if flip_tie and _lp - alt_lp < CLEAR_NATS:
+        if flip_tie and top_lp - alt_lp < CLEAR_NATS:
             word, flip_tie = alt, False
+        if corrupt and i == n // 2:
+            word = "CORRUPTED"  # and the words after it follow from it, as a model's would
         words.append(" " + word)
         state = zlib.crc32((" " + word).encode(), state)
-    if corrupt and n:
-        words[n // 2] = " CORRUPTED"
     return words
 
 
@@ -435,10 +435,11 @@ class SimServer:
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         if body.get("return_logprob") and body.get("top_logprobs_num") and not body.get("stream"):
-            top = next_words(prompt_hash(tokens), int(body["top_logprobs_num"]))
-            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "finish_reason": {"type": "length"}}
-            meta["output_top_logprobs"] = [[[lp, i, " " + w] for i, (w, lp) in enumerate(top)]]
-            return web.json_response({"text": " " + top[0][0], "meta_info": meta})
+            words, tops = self._scored(tokens, max_new, int(body["top_logprobs_num"]))
+            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": max_new, "finish_reason": {"type": "length"}}
+            meta["output_token_logprobs"] = [[dict(t).get(w, -99.0), 0, w] for w, t in zip(words, tops, strict=True)]
+            meta["output_top_logprobs"] = [[[lp, i, w] for i, (w, lp) in enumerate(t)] for t in tops]
+            return web.json_response({"text": "".join(words), "meta_info": meta})
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err
@@ -480,26 +481,44 @@ class SimServer:
         h = prompt_hash(tokens)
         return output_words(tokens, max_new, self.fault_state.corrupts(h), self.fault_state.flips_tie(h))
 
-    def _next_word_logprobs(self, body: dict[str, Any], tokens: list[str], chat: bool) -> web.Response:
-        """A log-probability request (client/referral.py): the next word's top candidates, answered at once,
-        outside the timing model. Completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`."""
+    def _scored(self, tokens: list[str], max_new: int, k: int) -> tuple[list[str], list[list[tuple[str, float]]]]:
+        """This server's words for a prompt (its faults included) and, at every one, the sim model's top-k
+        candidates (each with its leading space, as the words are sent)."""
+        words = self._words(tokens, max_new)
+        state, tops = prompt_hash(tokens), []
+        for w in words:
+            tops.append([(" " + c, lp) for c, lp in next_words(state, max(1, k))])
+            state = zlib.crc32(w.encode(), state)
+        return words, tops
+
+    def _replay_logprobs(self, body: dict[str, Any], tokens: list[str], chat: bool, max_new: int) -> web.Response:
+        """A greedy request with log-probabilities (client/referral.py's replay), answered at once, outside the
+        timing model. Completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`."""
         k = int(body.get("top_logprobs") or 1) if chat else int(body["logprobs"])
-        top = next_words(prompt_hash(tokens), max(1, k))
-        word, lp = " " + top[0][0], top[0][1]
+        words, tops = self._scored(tokens, max_new, k)
+        text = "".join(words)
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
         if chat:
-            content = [{"token": " " + w, "logprob": x, "bytes": None} for w, x in top]
-            choice["message"] = {"role": "assistant", "content": word}
-            choice["logprobs"] = {"content": [{"token": word, "logprob": lp, "top_logprobs": content}]}
+            content = [
+                {
+                    "token": w,
+                    "logprob": dict(t).get(w, -99.0),
+                    "top_logprobs": [{"token": c, "logprob": lp} for c, lp in t],
+                }
+                for w, t in zip(words, tops, strict=True)
+            ]
+            choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = {"content": content}
         else:
-            choice["text"] = word
+            offsets = [sum(len(x) for x in words[:i]) for i in range(len(words))]
+            choice["text"] = text
             choice["logprobs"] = {
-                "text_offset": [0],
-                "token_logprobs": [lp],
-                "tokens": [word],
-                "top_logprobs": [{" " + w: x for w, x in top}],
+                "text_offset": offsets,
+                "token_logprobs": [dict(t).get(w, -99.0) for w, t in zip(words, tops, strict=True)],
+                "tokens": words,
+                "top_logprobs": [dict(t) for t in tops],
             }
-        usage = {"prompt_tokens": len(tokens), "completion_tokens": 1, "total_tokens": len(tokens) + 1}
+        usage = {"prompt_tokens": len(tokens), "completion_tokens": max_new, "total_tokens": len(tokens) + max_new}
         kind = "chat.completion" if chat else "text_completion"
         return web.json_response({"id": "cmpl-logprobs", "object": kind, "choices": [choice], "usage": usage})
 
@@ -516,7 +535,7 @@ class SimServer:
         prompt_tokens = len(tokens)
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         if body.get("logprobs") and not body.get("stream"):
-            return self._next_word_logprobs(body, tokens, chat)
+            return self._replay_logprobs(body, tokens, chat, max_new)
         err = self._check_request(prompt_tokens, max_new)
         if err is not None:
             return err

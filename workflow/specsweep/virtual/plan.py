@@ -12,7 +12,9 @@ are what the design achieves at best, and several `--seeds` show their spread.
 
 from __future__ import annotations
 
+import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from specsweep.config import (
 from specsweep.measure.summary import cell_identity, judged, summary_body
 from specsweep.sim.engine import parse_schedule
 from specsweep.sim.profile import Profile, load_profile
+from specsweep.virtual.fit import Target, mean_field_tok_s
 from specsweep.virtual.predict import CLIENT_TURNAROUND_S, level_records, run_level
 
 __all__ = ["PlannedSweep", "plan_sweep", "virtual_cell"]
@@ -214,7 +217,9 @@ def plan_sweep(
     if policy_arms(config):
         served = {a: {**config["arms"][a]} for a in policy_arms(config)}
         for a, fam in policy_arms(config).items():
-            served[a]["schedule"] = schedules["families"].get(fam, {}).get("schedule")
+            family = schedules["families"].get(fam, {})
+            # a schedule of one K is served by that fixed arm's own static setting: no policy server (as measured)
+            served[a]["schedule"] = None if family.get("served_by") else family.get("schedule")
         policy_config = {**config, "arms": {**config["arms"], **served}}
         for i, (a, arm) in enumerate(served.items()):
             if not arm["schedule"]:
@@ -299,6 +304,28 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def plausible_members(profile: Profile, config: dict[str, Any], n: int) -> list[Profile]:
+    """Up to `n` of the profile's plausible profiles (`reference.uncertainty.ensemble`, `virtual.uncertainty`):
+    sorted by their speculative-over-baseline throughput at the grid's lowest level (mean field, fast), the two
+    ends and evenly spaced ones between, so the plans span what the data leave open. None without an ensemble."""
+    ensemble = ((profile.reference or {}).get("uncertainty") or {}).get("ensemble") or []
+    if not ensemble or n < 1:
+        return []
+    w = config["workload"]
+    out = w["output_tokens"] if isinstance(w["output_tokens"], int) else None
+    out = out or int(np.mean(w["output_tokens"].get("uniform") or list(w["output_tokens"]["reference"].values())))
+    c = int(min(config["concurrency"]))
+    members = [profile.with_params(m) for m in ensemble]
+
+    def speedup(m: Profile) -> float:
+        ts = [Target(spec, "closed_loop", c, 0.0, w["input_tokens"], out, 2 * c) for spec in (False, True)]
+        return mean_field_tok_s(m, ts[1]) / mean_field_tok_s(m, ts[0])
+
+    ranked = sorted(members, key=speedup)
+    picks = sorted({round(i * (len(ranked) - 1) / max(1, n - 1)) for i in range(n)})
+    return [ranked[i] for i in picks]
+
+
 class PlanError(ValueError):
     """A config or request `specsweep plan` cannot plan; the message names what to change."""
 
@@ -313,17 +340,51 @@ class ConfigPlan:
     spec_arms: list[str]
     server_start_s: float
     runs: list[list[PlannedSweep]]  # per seed: [fixed grid, adaptive]
+    start_from: str = "--server-start-s"  # where server_start_s came from
+    plausible: list[PlannedSweep] = field(default_factory=list)  # the fixed grid on plausible profiles (seed 0)
+    ensemble_size: int = 0  # the profile's plausible profiles, of which `plausible` planned some
 
-    def as_json(self) -> list[list[dict[str, Any]]]:
-        return [[p.as_dict() for p in pair] for pair in self.runs]
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "profile": self.profile.name,
+            "server_start_s": self.server_start_s,
+            "server_start_from": self.start_from,
+            "runs": [[p.as_dict() for p in pair] for pair in self.runs],
+            "plausible": [p.as_dict() for p in self.plausible],
+            "ensemble_size": self.ensemble_size,
+        }
+
+    def _plausible_lines(self) -> list[str]:
+        """The fixed grid's answers over the plausible profiles: each arm's crossover, each family's schedule and
+        policy verdict, and the measuring time, as ranges (what `predict` shows as intervals)."""
+        if not self.plausible:
+            return []
+        ps = self.plausible
+        mins = [p.total_s / 60 for p in ps]
+        lines = [
+            f"over {len(ps)} of the profile's {self.ensemble_size} plausible profiles (spanning their C="
+            f"{min(ps[0].levels)} speedup; fixed grid, seed 0): measuring {min(mins):.1f}-{max(mins):.1f} min"
+        ]
+
+        def tally(answers: list[str]) -> str:
+            return "; ".join(f"{a} (x{n})" for a, n in Counter(answers).most_common())
+
+        for a in self.spec_arms:
+            lines.append(f"  {a}: crossover {tally([_interval(p, a) for p in ps])}")
+        for fam in ps[0].schedules:
+            lines.append(f"  {fam}: schedule {tally([json.dumps(p.schedules.get(fam)) for p in ps])}")
+            verdicts = [(p.proof.get(fam) or {}).get("verdict") or "no policy arm" for p in ps]
+            lines.append(f"  {fam}: policy {tally(verdicts)}")
+        return lines
 
     def format(self) -> str:
         kind = "ILLUSTRATIVE" if self.profile.illustrative else "calibrated"
         a = self.adaptive
         lines = [
             f"plan: variant {self.variant}, profile {self.profile.name} ({kind}), {SOURCE}; server start "
-            f"{self.server_start_s:g} s; adaptive target {a.target_ratio:g}x, {a.max_rounds} rounds, "
-            f"{a.max_levels} levels"
+            f"{self.server_start_s:g} s ({self.start_from}); adaptive target {a.target_ratio:g}x, "
+            f"{a.max_rounds} rounds, {a.max_levels} levels"
         ]
         for seed, pair in enumerate(self.runs):
             lines += [f"seed {seed}:", format_plan(pair, self.spec_arms)]
@@ -338,7 +399,7 @@ class ConfigPlan:
                         f"{arm} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
                         f"median {np.median(mins):.1f} min"
                     )
-        return "\n".join(lines)
+        return "\n".join(lines + self._plausible_lines())
 
 
 def plan_config(
@@ -346,7 +407,8 @@ def plan_config(
     variant: str | None = None,
     profile: str | None = None,
     seeds: int = 1,
-    server_start_s: float = 0.0,
+    server_start_s: float | None = None,
+    plausible: int = 0,
 ) -> ConfigPlan:
     """What `specsweep plan` prints: `variant` (default: the config's first) planned with engine seeds
     0..seeds-1, on `profile` (default: the sim variant's own). PlanError names what to change: an open-loop
@@ -365,7 +427,18 @@ def plan_config(
         raise PlanError(f"variant {variant} runs {v['engine']}: pass --profile (a calibrated profile)")
     prof = load_profile(name)
     adaptive = AdaptiveSettings.from_config(config)
+    start_from = "--server-start-s"
+    if server_start_s is None:
+        server_start_s = v.get("expected_start_s")
+        start_from = f"variants.{variant}.expected_start_s"
+    if server_start_s is None:
+        server_start_s, start_from = 0.0, f"not given: variants.{variant}.expected_start_s or --server-start-s"
     runs = [
         [plan_sweep(prof, config, variant, m, seed, server_start_s) for m in (None, adaptive)] for seed in range(seeds)
     ]
-    return ConfigPlan(variant, prof, adaptive, speculative_arms(config), server_start_s, runs)
+    members = plausible_members(prof, config, plausible)
+    on_members = [plan_sweep(m, config, variant, None, 0, server_start_s) for m in members]
+    ensemble = len(((prof.reference or {}).get("uncertainty") or {}).get("ensemble") or [])
+    return ConfigPlan(
+        variant, prof, adaptive, speculative_arms(config), float(server_start_s), runs, start_from, on_members, ensemble
+    )

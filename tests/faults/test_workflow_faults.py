@@ -260,5 +260,42 @@ def test_corrupted_outputs_are_caught_and_near_ties_are_numerics(workdir: Path) 
     assert "OUTPUTS DIFFER" in proc.stdout and " DIFF |" in proc.stdout and " ties |" in proc.stdout
     summary = json.loads((workdir / "results" / "wf" / "sim" / "eagle3-ties" / "c2" / "summary.json").read_text())
     assert summary["output_referral"]["check"]["agrees"], summary["output_referral"]["check"]
+    assert summary["output_referral"]["replayed_by"] == "reference"
     for x in summary["output_referral"]["referred"]:
         assert x["margin_nats"] == pytest.approx(0.004) and x["error"] is None, x
+
+
+def test_sequential_cells_refer_their_differences_on_their_own_server(workdir: Path) -> None:
+    """One server at a time (as on a GPU box): each speculative cell, measured after the baseline's, compares its
+    outputs with the baseline cell's recorded ones and replays the differing prompts on its own server; the
+    verdicts are those of the interleaved design (the replay's candidates are the target model's)."""
+    sim = {
+        "engine": "sim",
+        "profile": "demo",
+        "arm_server_args": {
+            "eagle3": ["--fault-corrupt-output-fraction", "0.3"],
+            "eagle3-ties": ["--fault-near-tie-output-fraction", "0.5"],
+        },
+    }
+    arms = {**BASE["arms"], "eagle3-ties": {"speculative": True}}
+    write_config(workdir, variants={"sim": sim}, arms=arms)  # BASE: pairing sequential
+    proc = run(workdir, "crossover")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = json.loads((workdir / "results" / "wf" / "sim" / "crossover.json").read_text())
+    for row in out["arms"]["eagle3"]["per_level"]:
+        ref = row["output_match"]["referral"]
+        assert ref["referred"] == row["output_match"]["differ"] >= 1 and ref["clear"] == ref["referred"], ref
+    assert any("OUTPUTS DIFFER" in n for n in out["arms"]["eagle3"]["verdict"]["notes"])
+    tied = 0
+    for row in out["arms"]["eagle3-ties"]["per_level"]:
+        ref = row["output_match"]["referral"]
+        assert ref["clear"] == 0 and ref["referred"] == row["output_match"]["differ"], ref
+        tied += ref["near_ties"]
+    assert tied >= 2
+    notes = " ".join(out["arms"]["eagle3-ties"]["verdict"]["notes"])
+    assert "OUTPUTS DIFFER" not in notes and "outputs differ at near-ties" in notes, notes
+    for arm in ("eagle3", "eagle3-ties"):
+        summary = json.loads((workdir / "results" / "wf" / "sim" / arm / "c4" / "summary.json").read_text())
+        assert summary["output_referral"]["replayed_by"] == "own" and summary["output_referral"]["check"]["agrees"]
+    baseline = json.loads((workdir / "results" / "wf" / "sim" / "baseline" / "c4" / "summary.json").read_text())
+    assert baseline.get("output_referral") is None  # the baseline refers nothing

@@ -24,6 +24,7 @@ EXPECT = {
     "content_acceptance.py": "smoke: templated config valid",
     "default_run.py": "finished run: 4 cells",
     "open_closed_consistency.py": "arm eagle3 (speculative): 1 runs",
+    "output_referral.py": "swapped tokens referred where they were swapped: 8 of 8",
     "precision_coverage.py": "overall coverage of the 95% intervals",
     "repeatability.py": "tiny/sim: eagle3 vs baseline",
     "sglang_args_newest.py": "command lines, 0 with findings",

@@ -137,9 +137,18 @@ def test_acceptance_is_near_its_ceiling_on_content_that_repeats_itself(sweep: Pa
 
 
 def test_outputs_equal_the_baselines(sweep: Path) -> None:
+    """Every rate's outputs equal the baseline's (greedy ngram is lossless); each ngram cell, measured after the
+    baseline's (one server at a time), compared its outputs with the baseline cell's and replayed one of its own
+    on its server through vLLM's chat API with `logprobs`/`top_logprobs`: the replay's tokens read back."""
     ar = json.loads((sweep / "crossover.json").read_text())["arms"]["ngram"]
     for row in ar["per_level"]:
         assert row["output_match"]["share"] >= 0.9, row
+        assert row["output_match"]["referral"]["clear"] == 0, row["output_match"]
+    for rate in RATES:
+        referral = read_judged(sweep / "ngram" / f"r{rate}", EXAMPLE_GATES)[0]["output_referral"]
+        assert referral["against"] == "baseline" and referral["replayed_by"] == "own", referral
+        assert referral["compared"] >= 1 and referral["check"]["agrees"], referral
+        assert all(x["error"] is None for x in referral["referred"]), referral
 
 
 def edge_terms(s: dict, df: pd.DataFrame) -> float:

@@ -8,6 +8,7 @@ at a near-tie (`near_tie_output_fraction`) or replace a word (`corrupt_output_fr
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -15,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
 from specsweep.client.referral import Replay, judge, refer, self_check, tokens_through
+from specsweep.measure.referral import baseline_cell_dirs
 from specsweep.sim.faults import FaultConfig
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import TIE_NATS, SimServer
@@ -110,3 +112,19 @@ def test_an_unreachable_server_is_an_error_not_a_figure() -> None:
 
     x = asyncio.run(main())
     assert x.error and x.margin_nats is None and x.reference_token is None
+
+
+def test_a_sequential_cell_finds_the_baseline_cells_of_its_level(tmp_path: Path) -> None:
+    """Its own instance's first, then the baseline's other instances, then the merged cell; only measured ones."""
+    root = tmp_path / "exp" / "gpu"
+    for d in ("baseline/c10/instances/i1", "baseline/c10/instances/i2", "baseline/c10"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        (root / d / "requests.parquet").write_bytes(b"")
+    own = root / "eagle3" / "c10" / "instances" / "i2"
+    assert baseline_cell_dirs(own, "eagle3", "baseline") == [
+        root / "baseline/c10/instances/i2",
+        root / "baseline/c10/instances/i1",
+        root / "baseline/c10",
+    ]
+    assert baseline_cell_dirs(root / "eagle3" / "c10", "eagle3", "baseline")[0] == root / "baseline/c10"
+    assert baseline_cell_dirs(root / "eagle3" / "c2", "eagle3", "baseline") == []  # not measured (yet)

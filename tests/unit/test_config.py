@@ -143,11 +143,16 @@ def test_a_servers_cells_run_back_to_back_from_the_highest_level_down() -> None:
     """Every arm meets its levels in one order, so a server's first minute falls on the same level in each."""
     from specsweep.config import cell_priority
 
-    cfg = {"variants": {"a": {}, "b": {}}, "arms": {"baseline": {}, "eagle3": {}}}
+    cfg = {
+        "variants": {"a": {}, "b": {}},
+        "arms": {"eagle3": {}, "baseline": {}},
+        "analysis": {"baseline_arm": "baseline"},
+    }
     order = sorted(
         ((v, a, lvl) for v in cfg["variants"] for a in cfg["arms"] for lvl in ("c1", "c2", "c10", "c250", "c9999")),
         key=lambda x: -cell_priority(cfg, *x),
     )
+    # the baseline first, though listed second: a speculative cell refers its outputs to the baseline cell's
     assert [x[:2] for x in order[::5]] == [("a", "baseline"), ("a", "eagle3"), ("b", "baseline"), ("b", "eagle3")]
     assert [x[2] for x in order[:5]] == ["c9999", "c250", "c10", "c2", "c1"]
     assert cell_priority(cfg, "a", "baseline", "r2.5") > cell_priority(cfg, "a", "baseline", "r2")

@@ -494,8 +494,11 @@ def cell_priority(config: dict[str, Any], variant: str, arm: str, level: str) ->
     first at C=1 right after start ran 9-35% slower than at C=1 minutes later), and Snakemake otherwise picks
     a different order per arm, so the arms' speedup at a level compared a cold server with a warm one. With one
     order every arm meets the same server age at the same level; the highest level first puts the cold minute
-    where the repeats are longest and its own warm-up is largest."""
-    groups = [(v, a) for v in config["variants"] for a in config["arms"]]
+    where the repeats are longest and its own warm-up is largest. The baseline's server goes first in each
+    variant, whatever the arms' order: a speculative cell compares its outputs with the baseline cell's."""
+    base = config["analysis"]["baseline_arm"]  # first: a speculative cell refers its outputs to the baseline's
+    arms = [a for a in config["arms"] if a == base] + [a for a in config["arms"] if a != base]
+    groups = [(v, a) for v in config["variants"] for a in arms]
     group = len(groups) - groups.index((variant, arm))
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
@@ -703,6 +706,13 @@ def _common_cell_spec(
         "client": config["client"],
         # interleaved levels measure until their answer is known (a change re-measures them)
         **({"precision": config["precision"]} if pairing_mode(config, variant) == "interleaved" else {}),
+        # one server at a time: a speculative cell refers its outputs' differences from the baseline cell's on
+        # its own server (an interleaved level refers them on the reference arm's, measure/interleave.py)
+        **(
+            {"refer_against": config["analysis"]["baseline_arm"]}
+            if pairing_mode(config, variant) != "interleaved" and arm_cfg.get("speculative")
+            else {}
+        ),
     }
 
 

@@ -33,9 +33,10 @@ def _recorded(df: pd.DataFrame | None) -> pd.DataFrame | None:
     return out if len(out) else None
 
 
-def referred_figures(referral: dict[str, Any] | None, tie_nats: float) -> dict[str, Any]:
+def referred_figures(referral: dict[str, Any] | None, tie_nats: float, differ: int | None = None) -> dict[str, Any]:
     """What the referral of a cell's differences says (records.OutputReferral): near-ties, clear differences
-    (with up to three named), and the differences left unreferred (past the cap, or the server could not say)."""
+    (with up to three named), and the differences left unreferred (past the cap, or the server could not say).
+    `differ`: the differences the analysis counts now; a referral that counted others is stale."""
     if not referral:
         return {"referred": 0, "near_ties": 0, "clear": 0, "unreferred": None, "clear_examples": [], "errors": []}
     check = referral.get("check")
@@ -50,6 +51,21 @@ def referred_figures(referral: dict[str, Any] | None, tie_nats: float) -> dict[s
             "near_ties": 0,
             "clear": 0,
             "unreferred": int(referral["differ"]),
+            "clear_examples": [],
+            "errors": [why],
+        }
+    stale = differ is not None and int(referral["differ"]) != differ
+    if stale:  # referred against another measurement of the baseline cell (re-measured since): not this one's
+        why = (
+            f"referred against another measurement of the {referral['against']} cell "
+            f"({referral['differ']} differences then, {differ} now): re-measure this cell to refer them"
+        )
+        return {
+            "against": referral["against"],
+            "referred": 0,
+            "near_ties": 0,
+            "clear": 0,
+            "unreferred": differ,
             "clear_examples": [],
             "errors": [why],
         }
@@ -92,7 +108,7 @@ def output_match(
         "differ": int((~same).sum()),
         "first_difference": None,
         "example": None,
-        "referral": referred_figures(referral, tie_nats) if referral else None,
+        "referral": referred_figures(referral, tie_nats, int((~same).sum())) if referral else None,
     }
     out["tie_share"] = out["referral"]["near_ties"] / len(m) if referral else None
     if out["differ"]:

@@ -261,7 +261,7 @@ def record_chunk(rec: RequestRecord, now: float, n_tokens: int, obj: dict[str, A
         rec.server_chunk_s.append(sent)
 
 
-OUTPUT_PREFIX_CHARS = 256
+OUTPUT_PREFIX_CHARS = 2048  # a 512-token answer's text: a sequential cell refers its differences against it
 
 
 def record_output(rec: RequestRecord, text: str) -> None:

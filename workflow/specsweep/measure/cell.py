@@ -46,6 +46,7 @@ from specsweep.engines import get_engine, log_facts
 from specsweep.engines.base import ServerSpec
 from specsweep.io import read_json
 from specsweep.measure import heal
+from specsweep.measure.referral import baseline_cell_dirs, refer_recorded
 from specsweep.measure.summary import cell_identity, judged, level_summary, write_cell
 from specsweep.records import CELL_SPEC_FIX, CellSpec, RecordError, check
 from specsweep.redact import api_key_from_env
@@ -315,8 +316,11 @@ async def measure(
     server_pid: int | None = None,
     dataset: Dataset | None = None,
     render: ChatRender | None = None,
+    reference_dirs: list[Path] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary)."""
+    """Warm up and measure all repeats (specsweep.client.loadgen.measure_level); returns (records, summary).
+    With `spec["refer_against"]` (a sequential speculative cell) its outputs' differences from that baseline
+    cell's (the first of `reference_dirs` that holds one) are referred on this server (`measure/referral.py`)."""
     workload = spec["workload"]
     inputs = await level_inputs(spec, server, url, api_key, tokenizer_path, dataset, render)
     open_loop = inputs.plans is not None
@@ -345,6 +349,10 @@ async def measure(
             warmup_plan=inputs.warm_plan,
         )
     summary = level_summary_of(spec, level, inputs, plan, info, dataset, time.monotonic() - started)
+    if spec.get("refer_against"):
+        summary["output_referral"] = await refer_recorded(
+            spec["refer_against"], reference_dirs or [], level.repeats, inputs, url
+        )
     return level.records, summary
 
 
@@ -478,6 +486,10 @@ def run_cell(
     gates, attempts = heal.judge_settings()
     attempts_dir = Path(out_dir) / "attempts"
     shutil.rmtree(attempts_dir, ignore_errors=True)  # a new measurement of the cell replaces the old one's
+    # measured before this one (the baseline first: config.cell_priority and segments order the servers so)
+    reference_dirs = (
+        baseline_cell_dirs(Path(out_dir), cell.arm_name, spec["refer_against"]) if spec.get("refer_against") else []
+    )
     with servers.acquire(state_dir, cell.make_spec, cell.host, cell.variant.get("port"), cell.label, log_path) as rec:
         server_ready_s = time.monotonic() - t_ask
         server = cell.make_spec(rec.port)
@@ -496,6 +508,7 @@ def run_cell(
                         rec.server_pid,
                         cell.dataset,
                         cell.render,
+                        reference_dirs,
                     )
                 )
             return records, finish_summary(cell, summary, server, rec, server_ready_s)

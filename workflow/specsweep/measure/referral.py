@@ -1,5 +1,11 @@
-"""At the end of an interleaved level: every arm's outputs against the reference arm's, each difference referred
-to the reference server while it is still up (`client/referral.py` says what is asked and why).
+"""Every speculative arm's outputs against the reference arm's, each difference referred to a server of the target
+model while it is up (`client/referral.py` says what is asked and why).
+
+An interleaved level refers them at its end on the reference (baseline) arm's server (`refer_level`). A
+sequential cell (one server at a time: GPU variants) refers them against the baseline cell already measured at
+its level, from that cell's recorded outputs (`requests.parquet` `output_prefix`, the first 2,048 characters), on
+its own server (`refer_recorded`): the replay's log-probabilities are the target model's either way, scored
+through the arm's verify pass.
 
 The analysis judges the referred differences (`analysis/outputs.py`): a near-tie is other batch numerics, a clear
 margin is an arm that generates other text. Only the first MAX_REFERRED differences per arm are referred, within
@@ -8,19 +14,26 @@ hundreds of replays (a replay of a 512-token output on an 8-GPU box takes second
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from specsweep.client.backends import OUTPUT_PREFIX_CHARS
 from specsweep.client.loadgen import RepeatResult
 from specsweep.client.referral import TOP_K, refer, self_check
-from specsweep.measure.cell import LevelInputs
+from specsweep.measure.summary import read_records
 
-__all__ = ["MAX_REFERRED", "refer_level"]
+if TYPE_CHECKING:
+    from specsweep.measure.cell import LevelInputs
+
+__all__ = ["MAX_REFERRED", "baseline_cell_dirs", "refer_level", "refer_recorded"]
 
 MAX_REFERRED = 32
+_HEAD_SLACK = 64  # characters past the difference a recorded head must hold (the parting token and the next)
 BUDGET_S = 120.0  # per arm and level: the differences past it are left unreferred (and counted so)
 
 
@@ -67,7 +80,81 @@ async def refer_level(
                 "compared": compared,
                 "differ": len(differ),
                 "top_k": TOP_K,
+                "replayed_by": "reference",
                 "check": check,
                 "referred": referred,
             }
+    return out
+
+
+def baseline_cell_dirs(out_dir: Path, arm: str, baseline: str) -> list[Path]:
+    """The baseline's cells at this cell's level, this cell's own server instance first: `<variant>/<arm>/<level>`
+    or `<variant>/<arm>/<level>/instances/i<k>` with the arm's folder replaced (an instance cell compares with
+    any of the baseline's instances: every instance sends the level's same prompts)."""
+    parts = list(Path(out_dir).parts)
+    at = len(parts) - 1 - parts[::-1].index(arm)
+    level = Path(*parts[:at], baseline, parts[at + 1])
+    found = [Path(*parts[:at], baseline, *parts[at + 1 :])]
+    if (level / "instances").is_dir():
+        found += sorted(p for p in (level / "instances").iterdir() if p.is_dir())
+    found.append(level)
+    return [d for i, d in enumerate(found) if (d / "requests.parquet").is_file() and d not in found[:i]]
+
+
+async def refer_recorded(
+    baseline: str, dirs: list[Path], repeats: list[RepeatResult], inputs: LevelInputs, url: str
+) -> dict[str, Any]:
+    """This sequential cell's `output_referral` (records.OutputReferral): its outputs against the baseline cell's
+    recorded ones (the first of `dirs`), differences replayed on this cell's server at `url`."""
+    req = replace(inputs.req, url=url)
+    sets = inputs.prompts.repeats
+    out: dict[str, Any] = {"against": baseline, "replayed_by": "own", "compared": 0, "differ": 0, "top_k": TOP_K}
+    out.update(check=None, referred=[])
+    if not dirs:
+        out["error"] = f"no {baseline} cell at this level was measured before this one: nothing to compare with"
+        return out
+    base = read_records(dirs[0] / "requests.parquet")
+    base = base[base["ok"] & (base["output_sha256"] != "")]
+    ref_out = {
+        (int(r.repeat), int(r.prompt_index)): (r.output_sha256, r.output_prefix, int(r.expected_output_tokens))
+        for r in base.itertuples()
+    }
+    differ = []
+    for rep in repeats:
+        for rec in rep.records:
+            b = ref_out.get((rep.repeat, rec.prompt_index))
+            if not rec.ok or b is None or b[2] != rec.expected_output_tokens:
+                continue
+            out["compared"] += 1
+            if b[0] != rec.output_sha256:
+                differ.append((rep.repeat, rec, b[1]))
+    out["differ"] = len(differ)
+    async with aiohttp.ClientSession() as session:
+        first = next((rec for rep in repeats for rec in rep.records if rec.ok and rec.output_text), None)
+        if first is not None:
+            r0 = next(rep.repeat for rep in repeats if first in rep.records)
+            prompt = sets[r0].request(first.prompt_index, req.sends_messages)
+            check = asdict(await self_check(session, req, prompt, first.output_text, first.output_tokens))
+            out["check"] = {**check, "repeat": r0, "prompt_index": first.prompt_index}
+        deadline = time.monotonic() + BUDGET_S
+        for r, rec, head in differ[:MAX_REFERRED]:
+            if time.monotonic() > deadline:
+                break
+            char = len(os.path.commonprefix([head, rec.output_text]))
+            if len(head) >= OUTPUT_PREFIX_CHARS and char >= len(head) - _HEAD_SLACK:
+                why = f"the difference lies past the {baseline} output's recorded {OUTPUT_PREFIX_CHARS} characters"
+                out["referred"].append(
+                    {
+                        "repeat": r,
+                        "prompt_index": rec.prompt_index,
+                        "char": char,
+                        "token_char": char,
+                        "steps": 0,
+                        "error": why,
+                    }
+                )
+                continue
+            prompt = sets[r].request(rec.prompt_index, req.sends_messages)
+            found = await refer(session, req, prompt, head, rec.output_text, rec.output_tokens)
+            out["referred"].append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
     return out

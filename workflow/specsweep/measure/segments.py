@@ -32,7 +32,7 @@ def instance_dir(cell_dir: Path, instance: int) -> Path:
 
 def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, Any], list[dict[str, Any]]]:
     """One arm's merged records and summary (its pairing block left to the caller) and its blocks."""
-    frames, repeats, blocks, servers = [], [], [], []
+    frames, repeats, blocks, servers, referrals = [], [], [], [], []
     first: dict[str, Any] | None = None
     offset, measured_s = 0, 0.0
     for k in range(1, instances + 1):
@@ -48,6 +48,11 @@ def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, 
             t0 = rep.get("t0_unix")
             wall = (rep.get("metrics") or {}).get("client", {}).get("wall_s") or 0.0
             blocks.append({"repeat": renumbered["repeat"], "instance": k, "start_unix": t0, "end_unix": t0 + wall})
+        referral = summary.get("output_referral")
+        if referral:  # each instance's referral, its rounds numbered on as the records are
+            referrals.append(
+                {**referral, "referred": [{**x, "repeat": x["repeat"] + offset} for x in referral["referred"]]}
+            )
         srv = summary["server"]
         servers.append({"instance": k, "identity": srv["identity"], "pid": srv["pid"], "started_at": srv["started_at"]})
         offset += n
@@ -58,6 +63,16 @@ def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, 
     merged["metrics"] = pooled_metrics(records, int(first["concurrency"]), repeats)
     merged["server"] = {**first["server"], "instances": servers}
     merged["measured_s"] = measured_s
+    merged.pop("output_referral", None)
+    if referrals:  # an instance compared with the baseline instance measured before it (measure/referral.py)
+        merged["output_referral"] = {
+            **referrals[0],
+            "compared": sum(r["compared"] for r in referrals),
+            "differ": sum(r["differ"] for r in referrals),
+            "referred": [x for r in referrals for x in r["referred"]],
+            # a check that failed on any instance speaks for the merged cell
+            "check": min((r["check"] for r in referrals if r.get("check")), key=lambda c: c["agrees"], default=None),
+        }
     return records, merged, blocks
 
 

@@ -57,6 +57,11 @@ class CellSpec(Record):
     n_requests: int = Field(ge=0, description="measured requests per repeat (a trace level: 0, the whole trace)")
     load: CellLoad | None = Field(None, description="open and trace cells")
     level: float | None = Field(None, description="open: requests/s; trace: time scale")
+    refer_against: str | None = Field(
+        None,
+        description="sequential speculative cells: the baseline arm whose recorded outputs its differences are "
+        "referred against, replayed on this cell's own server (measure/referral.py)",
+    )
 
     @model_validator(mode="after")
     def _requests_are_counted(self) -> CellSpec:

@@ -266,12 +266,16 @@ class ReferralCheck(Record):
 class OutputReferral(Record):
     """The cell's outputs against the reference arm's at the level, differences referred while its server was up."""
 
-    against: str = Field(description="the reference arm (whose server answered)")
+    against: str = Field(description="the reference arm whose outputs this cell's are compared with")
+    replayed_by: str = Field(
+        "reference", description="whose server replayed: the reference arm's (interleaved) or this cell's own"
+    )
     compared: int = Field(description="requests compared (same prompt, same requested length, both ok)")
     differ: int = Field(description="of which the outputs differ")
     top_k: int = Field(description="candidates asked per token")
     check: ReferralCheck | None = Field(None, description="the referral checked on the reference's own output")
     referred: list[ReferredOutput] = Field(description="the differences referred (at most the first 32)")
+    error: str | None = Field(None, description="why nothing was compared (no baseline cell measured before this one)")
 
 
 class AttemptLog(Record):

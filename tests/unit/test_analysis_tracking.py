@@ -165,7 +165,15 @@ def test_crossover_curves_are_step_logged_by_concurrency() -> None:
         "arms": {
             "eagle3": {
                 "per_level": [
-                    {"concurrency": 1.0, "used": True, "speedup": 1.5, "speedup_lo": 1.4, "speedup_hi": 1.6},
+                    {
+                        "concurrency": 1.0,
+                        "used": True,
+                        "speedup": 1.5,
+                        "speedup_lo": 1.4,
+                        "speedup_hi": 1.6,
+                        # same output, only faster: 96% equal, 3% differing at near-ties, one clear difference
+                        "output_match": {"share": 0.96, "tie_share": 0.03, "referral": {"clear": 1}},
+                    },
                     {"concurrency": 30.0, "used": False, "speedup": 0.9, "speedup_lo": None, "speedup_hi": None},
                 ]
             }
@@ -182,6 +190,9 @@ def test_crossover_curves_are_step_logged_by_concurrency() -> None:
         ("eagle3.speedup", 1): 1.5,
         ("eagle3.speedup_lo", 1): 1.4,
         ("eagle3.speedup_hi", 1): 1.6,  # C=30 was left out of the analysis (invalid): not on the curve
+        ("eagle3.same_output", 1): 0.96,
+        ("eagle3.near_tie_output", 1): 0.03,
+        ("eagle3.clear_output_differences", 1): 1.0,
         ("eagle3-policy.policy_over_best", 1): 1.01,
         ("eagle3-policy.policy_over_best_lo", 1): 0.95,
         ("eagle3-policy.policy_over_best_hi", 1): 1.07,

@@ -351,7 +351,7 @@ async def measure(
     summary = level_summary_of(spec, level, inputs, plan, info, dataset, time.monotonic() - started)
     if spec.get("refer_against"):
         summary["output_referral"] = await refer_recorded(
-            spec["refer_against"], reference_dirs or [], level.repeats, inputs, url
+            spec["refer_against"], reference_dirs or [], level.repeats, inputs.req, inputs.prompts.repeats, url
         )
     return level.records, summary
 

@@ -311,7 +311,8 @@ async def _measure_blocks(
         if rec is not reference:
             servers.freeze(rec)
     servers.thaw(reference)
-    referrals = await refer_level(arms[0], repeats, inputs, reference.base_url)
+    ref_inputs = inputs[arms[0]]
+    referrals = await refer_level(arms[0], repeats, ref_inputs.req, ref_inputs.prompts.repeats, reference.base_url)
     for rec in recs.values():
         servers.thaw(rec)
     precision = None

@@ -18,17 +18,15 @@ import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
-from specsweep.client.backends import OUTPUT_PREFIX_CHARS
+from specsweep.client.backends import OUTPUT_PREFIX_CHARS, RequestSpec
 from specsweep.client.loadgen import RepeatResult
+from specsweep.client.prompts import PromptSet
 from specsweep.client.referral import TOP_K, refer, self_check
 from specsweep.measure.summary import read_records
-
-if TYPE_CHECKING:
-    from specsweep.measure.cell import LevelInputs
 
 __all__ = ["MAX_REFERRED", "baseline_cell_dirs", "refer_level", "refer_recorded"]
 
@@ -38,12 +36,11 @@ BUDGET_S = 120.0  # per arm and level: the differences past it are left unreferr
 
 
 async def refer_level(
-    reference: str, repeats: dict[str, list[RepeatResult]], inputs: dict[str, LevelInputs], url: str
+    reference: str, repeats: dict[str, list[RepeatResult]], req: RequestSpec, sets: list[PromptSet], url: str
 ) -> dict[str, dict[str, Any]]:
     """arm -> its `output_referral` (records.OutputReferral) for every arm besides `reference`, whose server
-    answers at `url`."""
-    req = replace(inputs[reference].req, url=url)
-    sets = inputs[reference].prompts.repeats
+    answers at `url` to the reference's requests (`req`, its rounds' prompt `sets`)."""
+    req = replace(req, url=url)
     ref_out = {(rep.repeat, rec.prompt_index): rec for rep in repeats[reference] for rec in rep.records if rec.ok}
     out: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession() as session:
@@ -102,12 +99,12 @@ def baseline_cell_dirs(out_dir: Path, arm: str, baseline: str) -> list[Path]:
 
 
 async def refer_recorded(
-    baseline: str, dirs: list[Path], repeats: list[RepeatResult], inputs: LevelInputs, url: str
+    baseline: str, dirs: list[Path], repeats: list[RepeatResult], req: RequestSpec, sets: list[PromptSet], url: str
 ) -> dict[str, Any]:
     """This sequential cell's `output_referral` (records.OutputReferral): its outputs against the baseline cell's
-    recorded ones (the first of `dirs`), differences replayed on this cell's server at `url`."""
-    req = replace(inputs.req, url=url)
-    sets = inputs.prompts.repeats
+    recorded ones (the first of `dirs`), differences replayed on this cell's server at `url` (its requests `req`,
+    its rounds' prompt `sets`)."""
+    req = replace(req, url=url)
     out: dict[str, Any] = {"against": baseline, "replayed_by": "own", "compared": 0, "differ": 0, "top_k": TOP_K}
     out.update(check=None, referred=[])
     if not dirs:

@@ -217,6 +217,23 @@ def test_fake_api_key_found_in_no_output(workdir: Path, monkeypatch: pytest.Monk
     servers_gone_within(workdir, 30)
 
 
+# Two speculative arms whose outputs part from the baseline's: one replaces a word for 30% of prompts (not among the
+# model's top candidates), the other takes the second word at its first near-tie for half the prompts
+OUTPUT_FAULTS = {
+    "variants": {
+        "sim": {
+            "engine": "sim",
+            "profile": "demo",
+            "arm_server_args": {
+                "eagle3": ["--fault-corrupt-output-fraction", "0.3"],
+                "eagle3-ties": ["--fault-near-tie-output-fraction", "0.5"],
+            },
+        }
+    },
+    "arms": {**BASE["arms"], "eagle3-ties": {"speculative": True}},
+}
+
+
 def test_corrupted_outputs_are_caught_and_near_ties_are_numerics(workdir: Path) -> None:
     """Two speculative arms whose outputs differ from the baseline's, interleaved so that each difference is
     referred to the baseline server while it is up: `eagle3` replaces one word for 30% of prompts (a broken
@@ -224,16 +241,7 @@ def test_corrupted_outputs_are_caught_and_near_ties_are_numerics(workdir: Path) 
     second word at its first near-tie for half the prompts (other batch numerics: the sim's top two words 0.004
     nats apart there). The first is OUTPUTS DIFFER, named by prompt and position; the second is reported as
     numerics with its share, without OUTPUTS DIFFER."""
-    sim = {
-        "engine": "sim",
-        "profile": "demo",
-        "arm_server_args": {
-            "eagle3": ["--fault-corrupt-output-fraction", "0.3"],
-            "eagle3-ties": ["--fault-near-tie-output-fraction", "0.5"],
-        },
-    }
-    arms = {**BASE["arms"], "eagle3-ties": {"speculative": True}}
-    write_config(workdir, variants={"sim": sim}, arms=arms, pairing={"mode": "interleaved"})
+    write_config(workdir, **OUTPUT_FAULTS, pairing={"mode": "interleaved"})
     proc = run(workdir, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:]
     out = json.loads((workdir / "results" / "wf" / "sim" / "crossover.json").read_text())
@@ -269,16 +277,7 @@ def test_sequential_cells_refer_their_differences_on_their_own_server(workdir: P
     """One server at a time (as on a GPU box): each speculative cell, measured after the baseline's, compares its
     outputs with the baseline cell's recorded ones and replays the differing prompts on its own server; the
     verdicts are those of the interleaved design (the replay's candidates are the target model's)."""
-    sim = {
-        "engine": "sim",
-        "profile": "demo",
-        "arm_server_args": {
-            "eagle3": ["--fault-corrupt-output-fraction", "0.3"],
-            "eagle3-ties": ["--fault-near-tie-output-fraction", "0.5"],
-        },
-    }
-    arms = {**BASE["arms"], "eagle3-ties": {"speculative": True}}
-    write_config(workdir, variants={"sim": sim}, arms=arms)  # BASE: pairing sequential
+    write_config(workdir, **OUTPUT_FAULTS)  # BASE: pairing sequential
     proc = run(workdir, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:]
     out = json.loads((workdir / "results" / "wf" / "sim" / "crossover.json").read_text())

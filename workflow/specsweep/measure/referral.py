@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,43 +35,91 @@ _HEAD_SLACK = 64  # characters past the difference a recorded head must hold (th
 BUDGET_S = 120.0  # per arm and level: the differences past it are left unreferred (and counted so)
 
 
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """One reference output: its hash, its text (whole, or the recorded head), requested and generated tokens."""
+
+    sha256: str
+    text: str
+    expected_tokens: int
+    tokens: int
+    whole: bool = True
+
+
+Key = tuple[int, int]  # (round, prompt index): the same prompt in every arm
+
+
+def _compared(references: dict[Key, _Reference], repeats: list[RepeatResult]) -> tuple[int, list[tuple]]:
+    """How many of the arm's outputs pair with a reference one (same prompt and length, both ok), and the pairs
+    that differ: (round, the arm's record, the reference)."""
+    compared, differ = 0, []
+    for rep in repeats:
+        for rec in rep.records:
+            ref = references.get((rep.repeat, rec.prompt_index))
+            if not rec.ok or ref is None or ref.expected_tokens != rec.expected_output_tokens:
+                continue
+            compared += 1
+            if ref.sha256 != rec.output_sha256:
+                differ.append((rep.repeat, rec, ref))
+    return compared, differ
+
+
+async def _check(
+    session: aiohttp.ClientSession, req: RequestSpec, sets: list[PromptSet], repeats: list[RepeatResult]
+) -> dict[str, Any] | None:
+    """One of the replaying server's own outputs replayed and read back: where its tokens' texts do not join to its
+    text, positions cannot be found and no referral is trusted (analysis/outputs.py)."""
+    for rep in repeats:
+        for rec in rep.records:
+            if rec.ok and rec.output_text:
+                prompt = sets[rep.repeat].request(rec.prompt_index, req.sends_messages)
+                check = await self_check(session, req, prompt, rec.output_text, rec.output_tokens)
+                return {**asdict(check), "repeat": rep.repeat, "prompt_index": rec.prompt_index}
+    return None
+
+
+async def _referred(
+    session: aiohttp.ClientSession, req: RequestSpec, sets: list[PromptSet], differ: list[tuple], against: str
+) -> list[dict[str, Any]]:
+    """The first MAX_REFERRED differences within BUDGET_S, each replayed and judged (records.ReferredOutput)."""
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + BUDGET_S
+    for r, rec, ref in differ[:MAX_REFERRED]:
+        if time.monotonic() > deadline:
+            break
+        char = len(os.path.commonprefix([ref.text, rec.output_text]))
+        if not ref.whole and char >= len(ref.text) - _HEAD_SLACK:
+            why = f"the difference lies past the {against} output's recorded {OUTPUT_PREFIX_CHARS} characters"
+            out.append({"repeat": r, "prompt_index": rec.prompt_index, "char": char, "token_char": char, "steps": 0})
+            out[-1]["error"] = why
+            continue
+        prompt = sets[r].request(rec.prompt_index, req.sends_messages)
+        found = await refer(session, req, prompt, ref.text, rec.output_text, ref.tokens)
+        out.append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
+    return out
+
+
 async def refer_level(
     reference: str, repeats: dict[str, list[RepeatResult]], req: RequestSpec, sets: list[PromptSet], url: str
 ) -> dict[str, dict[str, Any]]:
     """arm -> its `output_referral` (records.OutputReferral) for every arm besides `reference`, whose server
     answers at `url` to the reference's requests (`req`, its rounds' prompt `sets`)."""
     req = replace(req, url=url)
-    ref_out = {(rep.repeat, rec.prompt_index): rec for rep in repeats[reference] for rec in rep.records if rec.ok}
+    references = {
+        (rep.repeat, rec.prompt_index): _Reference(
+            rec.output_sha256, rec.output_text, rec.expected_output_tokens, rec.output_tokens
+        )
+        for rep in repeats[reference]
+        for rec in rep.records
+        if rec.ok
+    }
     out: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession() as session:
-        # first, one of the reference's own outputs replayed and read back: where its tokens' texts do not join
-        # to its text, positions cannot be found and no referral is trusted (analysis/outputs.py)
-        (r0, i0), first = next(iter(ref_out.items())) if ref_out else ((0, 0), None)
-        check = None
-        if first is not None and first.output_text:
-            prompt = sets[r0].request(i0, req.sends_messages)
-            check = asdict(await self_check(session, req, prompt, first.output_text, first.output_tokens))
-            check.update(repeat=r0, prompt_index=i0)
+        check = await _check(session, req, sets, repeats[reference])
         for arm, reps in repeats.items():
             if arm == reference:
                 continue
-            compared, differ = 0, []
-            for rep in reps:
-                for rec in rep.records:
-                    base = ref_out.get((rep.repeat, rec.prompt_index))
-                    if not rec.ok or base is None or base.expected_output_tokens != rec.expected_output_tokens:
-                        continue
-                    compared += 1
-                    if base.output_sha256 != rec.output_sha256:
-                        differ.append((rep.repeat, rec, base))
-            referred: list[dict[str, Any]] = []
-            deadline = time.monotonic() + BUDGET_S
-            for r, rec, base in differ[:MAX_REFERRED]:
-                if time.monotonic() > deadline:
-                    break
-                prompt = sets[r].request(rec.prompt_index, req.sends_messages)
-                found = await refer(session, req, prompt, base.output_text, rec.output_text, base.output_tokens)
-                referred.append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
+            compared, differ = _compared(references, reps)
             out[arm] = {
                 "against": reference,
                 "compared": compared,
@@ -79,7 +127,7 @@ async def refer_level(
                 "top_k": TOP_K,
                 "replayed_by": "reference",
                 "check": check,
-                "referred": referred,
+                "referred": await _referred(session, req, sets, differ, reference),
             }
     return out
 
@@ -112,46 +160,19 @@ async def refer_recorded(
         return out
     base = read_records(dirs[0] / "requests.parquet")
     base = base[base["ok"] & (base["output_sha256"] != "")]
-    ref_out = {
-        (int(r.repeat), int(r.prompt_index)): (r.output_sha256, r.output_prefix, int(r.expected_output_tokens))
+    references = {
+        (int(r.repeat), int(r.prompt_index)): _Reference(
+            r.output_sha256,
+            r.output_prefix,
+            int(r.expected_output_tokens),
+            int(r.output_tokens),
+            whole=len(r.output_prefix) < OUTPUT_PREFIX_CHARS,
+        )
         for r in base.itertuples()
     }
-    differ = []
-    for rep in repeats:
-        for rec in rep.records:
-            b = ref_out.get((rep.repeat, rec.prompt_index))
-            if not rec.ok or b is None or b[2] != rec.expected_output_tokens:
-                continue
-            out["compared"] += 1
-            if b[0] != rec.output_sha256:
-                differ.append((rep.repeat, rec, b[1]))
+    out["compared"], differ = _compared(references, repeats)
     out["differ"] = len(differ)
     async with aiohttp.ClientSession() as session:
-        first = next((rec for rep in repeats for rec in rep.records if rec.ok and rec.output_text), None)
-        if first is not None:
-            r0 = next(rep.repeat for rep in repeats if first in rep.records)
-            prompt = sets[r0].request(first.prompt_index, req.sends_messages)
-            check = asdict(await self_check(session, req, prompt, first.output_text, first.output_tokens))
-            out["check"] = {**check, "repeat": r0, "prompt_index": first.prompt_index}
-        deadline = time.monotonic() + BUDGET_S
-        for r, rec, head in differ[:MAX_REFERRED]:
-            if time.monotonic() > deadline:
-                break
-            char = len(os.path.commonprefix([head, rec.output_text]))
-            if len(head) >= OUTPUT_PREFIX_CHARS and char >= len(head) - _HEAD_SLACK:
-                why = f"the difference lies past the {baseline} output's recorded {OUTPUT_PREFIX_CHARS} characters"
-                out["referred"].append(
-                    {
-                        "repeat": r,
-                        "prompt_index": rec.prompt_index,
-                        "char": char,
-                        "token_char": char,
-                        "steps": 0,
-                        "error": why,
-                    }
-                )
-                continue
-            prompt = sets[r].request(rec.prompt_index, req.sends_messages)
-            found = await refer(session, req, prompt, head, rec.output_text, rec.output_tokens)
-            out["referred"].append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
+        out["check"] = await _check(session, req, sets, repeats)
+        out["referred"] = await _referred(session, req, sets, differ, baseline)
     return out

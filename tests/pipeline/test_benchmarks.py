@@ -23,6 +23,7 @@ EXPECT = {
     "client_capacity.py": "smoke: one step measured",
     "content_acceptance.py": "smoke: templated config valid",
     "default_run.py": "finished run: 4 cells",
+    "host_noise.py": "smoke: host timed: ",
     "open_closed_consistency.py": "arm eagle3 (speculative): 1 runs",
     "output_referral.py": "swapped tokens referred where they were swapped: 8 of 8",
     "precision_coverage.py": "overall coverage of the 95% intervals",

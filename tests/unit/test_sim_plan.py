@@ -130,3 +130,95 @@ def test_the_derived_policy_holds_and_a_wrong_one_fails_in_virtual_time(config_f
     path.write_text(yaml.safe_dump(static))
     one_k = plan_sweep(profile, load(path), "sim", None, seed=0).proof["eagle3"]
     assert one_k["served_by"] == "eagle3" and one_k["holds"] is None and "static" in one_k["verdict"]
+
+
+def measured_crossover(levels: dict[float, float]) -> dict:
+    """A sequential run's crossover.json as the analysis writes it, cut to what plan reads: per level the paired
+    interval's basis (two instance pairs, one degree of freedom, the given standard error of the log ratio)."""
+    row = {
+        "baseline_key": "b",
+        "spec_key": "s",
+        "baseline_valid": True,
+        "spec_valid": True,
+        "used": True,
+    }
+    per_level = [
+        {
+            **row,
+            "concurrency": c,
+            "paired": {"blocks": 2, "unit": "instance", "df": 1, "spread_dominates": True, "log_se": se},
+        }
+        for c, se in levels.items()
+    ]
+    arm = {
+        "baseline_arm": "baseline",
+        "spec_arm": "eagle3",
+        "source": "real",
+        "levels": list(levels),
+        "configured_levels": list(levels),
+        "per_level": per_level,
+        "invalid_cells": [],
+        "missing_cells": [],
+        "primary_metric": "aggregate_tok_s",
+        "crossover_concurrency": None,
+        "crossover_ci_low": None,
+        "crossover_ci_high": None,
+        "crossover": None,
+        "verdict": {"kind": "inconclusive", "reason": "test"},
+        "threshold": None,
+        "notes": [],
+    }
+    return {
+        "schema_version": 1,
+        "experiment": "plan",
+        "variant": "gpu",
+        "engine": "sglang",
+        "load": "closed",
+        "source": "real",
+        "baseline_arm": "baseline",
+        "bootstrap": {},
+        "arms": {"eagle3": arm},
+        "policy": {},
+        "policy_rule": "crossover_lower",
+    }
+
+
+def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sequential variant on two instances per arm: each instance pair's log ratio varies by the measured
+    standard error squared times its two pairs. At +-3.8% a level with se 0.01 needs 3 pairs (t(2) 4.30 x
+    sqrt(0.0002 / 3) = 0.0351 <= log 1.038 = 0.0373) and one with se 0.03 needs 8 (t(7) 2.36 x sqrt(0.0018 / 8)
+    = 0.0354): the widest decides the GPU time, pairs x one pair's starts and sweeps; one degree of freedom puts
+    the upper end of its range past what can be planned. Without a measured run, no GPU time is printed."""
+    cfg = {
+        **CONFIG,
+        "concurrency": [1, 64],
+        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
+        "adaptive": {"enabled": False},
+        "policy": {"measure": False},
+        "pairing": {"mode": "sequential", "instances": 2},
+        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
+    }
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    measured = tmp_path / "crossover.json"
+    measured.write_text(json.dumps(measured_crossover({1.0: 0.01, 64.0: 0.03})))
+    base = ["plan", "--config", str(path), "--profile", "kimi-k25-cu130-fusion", "--plausible", "0"]
+    assert main([*base, "--noise-from", str(measured), "--effect", "0.038", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["precision"]
+    assert out["target"] == 0.038 and out["measured_variant"] == "gpu"
+    assert [(n["concurrency"], n["need"]) for n in out["levels"]] == [(1.0, 3), (64.0, 8)]
+    # one degree of freedom: the spread's own 95% interval reaches ~560 pairs at se 0.01, past 1,000 at 0.03
+    assert out["levels"][0]["need_hi"] > 500 and out["levels"][1]["need_hi"] is None
+    (pair_s,) = out["pair_s"]
+    assert pair_s > 2 * 600  # a pair: both fixed arms' server starts and sweeps
+    assert main([*base, "--noise-from", str(measured), "--effect", "0.038"]) == 0
+    text = capsys.readouterr().out
+    assert "eagle3 (instance pairs, measured 2): 1: 3 [" in text
+    gpu = f"GPU time: 8 instance pairs (C=64 decides) x {pair_s / 60:.1f} min a pair = {8 * pair_s / 3600:.1f} h"
+    assert gpu in text
+    assert main(base) == 0
+    assert "the GPU time to reach it is not planned here" in capsys.readouterr().out
+    assert main([*base, "--noise-from", str(tmp_path / "missing.json")]) == 2
+    assert "--noise-from" in capsys.readouterr().err

@@ -119,16 +119,26 @@ class LevelPrecision:
         }
 
 
+MAX_UNITS = 100_000
+
+
+def units_for(per_unit_var: float, target: float, confidence: float = 0.95, most: int = MAX_UNITS) -> int | None:
+    """The fewest units (rounds, server instance pairs) whose t interval of the mean log ratio is within
+    `target`, each unit's log ratio varying by `per_unit_var` (None: more than `most`)."""
+    if not math.isfinite(per_unit_var) or per_unit_var < 0:
+        return None
+    goal = math.log1p(target)
+    for n in range(2, most + 1):
+        if float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * math.sqrt(per_unit_var / n) <= goal:
+            return n
+    return None
+
+
 def rounds_for(pe: PairedEstimate, target: float, confidence: float = 0.95) -> int | None:
     """Rounds the estimate's own per-round variance needs for `target` (the t quantile at that many rounds)."""
     if pe.rounds is None or not math.isfinite(pe.log_se) or pe.log_se <= 0:
         return None
-    per_round = pe.log_se**2 * pe.rounds.d.size
-    goal = math.log1p(target)
-    for n in range(2, 100_000):  # the fewest rounds whose t interval, at this per-round variance, is within it
-        if float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * math.sqrt(per_round / n) <= goal:
-            return n
-    return None
+    return units_for(pe.log_se**2 * pe.rounds.d.size, target, confidence)
 
 
 def assess(

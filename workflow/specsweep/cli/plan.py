@@ -29,13 +29,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also plan the fixed grid on N of a calibrated profile's plausible profiles (0: none), as predict's "
         "intervals do",
     )
+    parser.add_argument(
+        "--noise-from",
+        metavar="CROSSOVER_JSON",
+        help="a measured run's crossover.json: plan the rounds or instance pairs (and a sequential variant's GPU "
+        "time) the target takes at the spread that run measured",
+    )
+    parser.add_argument(
+        "--effect",
+        type=float,
+        help="the 95%% half-width to reach, relative: the effect to resolve (0.038: the 3.8%% of fusion at C=1); "
+        "default precision.target",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         plan = plan_config(
-            load(args.config), args.variant, args.profile, args.seeds, args.server_start_s, args.plausible
+            load(args.config),
+            args.variant,
+            args.profile,
+            args.seeds,
+            args.server_start_s,
+            args.plausible,
+            args.noise_from,
+            args.effect,
         )
     except (ConfigError, PlanError) as e:
         print(e, file=sys.stderr)

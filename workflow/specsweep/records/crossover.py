@@ -30,6 +30,18 @@ class LevelPrecision(Record):
     rounds_for_target: int | None = Field(description="rounds its variance implies for the target")
 
 
+class PairedBasis(Record):
+    """What a level's paired interval rests on (`analysis/paired.py`): its units, their degrees of freedom and
+    the standard error of the mean log ratio; `specsweep plan --noise-from` plans with it."""
+
+    blocks: int = Field(description="the units the interval rests on: rounds, or server instances")
+    unit: Literal["round", "instance"] = Field(description="round (interleaved) or instance (instances' means)")
+    df: int = Field(description="its degrees of freedom")
+    spread_dominates: bool = Field(description="the units varied more than the blocks' own noise explains")
+    log_se: float | None = Field(description="standard error of the mean log ratio (null: none)")
+    instance_effect: bool | None = Field(None, description="interleaved instances: the pretest found an effect")
+
+
 class LevelRow(Record):
     """One level of an arm against the baseline."""
 
@@ -47,7 +59,7 @@ class LevelRow(Record):
     output_match: dict[str, Any] | None = Field(
         None, description="share of compared requests whose outputs are the same (null: never compared)"
     )
-    paired: dict[str, Any] | None = Field(None, description="rounds or instances the paired interval rests on")
+    paired: PairedBasis | None = Field(None, description="rounds or instances the paired interval rests on")
     precision: LevelPrecision | None = Field(None, description="interleaved levels: the interval's precision")
 
 

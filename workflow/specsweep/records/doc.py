@@ -63,7 +63,7 @@ def render() -> str:
             if m in done:
                 continue
             done.append(m)
-            lines += [f"### `{m.__name__}`", "", (m.__doc__ or "").strip().replace("\n", " "), ""]
+            lines += [f"### `{m.__name__}`", "", " ".join((m.__doc__ or "").split()), ""]
             lines += ["| field | type | required | meaning |", "|---|---|---|---|"]
             for name, f in m.model_fields.items():
                 req = "yes" if f.is_required() else "no"

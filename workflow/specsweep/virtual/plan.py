@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from specsweep.analysis.adaptive import AdaptiveSettings, next_levels
 from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
+from specsweep.analysis.precision import units_for
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.client.loadgen import warmup_count
@@ -38,6 +40,8 @@ from specsweep.config import (
     speculative_arms,
 )
 from specsweep.measure.summary import cell_identity, judged, summary_body
+from specsweep.records.base import RecordError, read
+from specsweep.records.crossover import Crossover
 from specsweep.sim.engine import parse_schedule
 from specsweep.sim.profile import Profile, load_profile
 from specsweep.virtual.fit import Target, mean_field_tok_s
@@ -326,6 +330,48 @@ def plausible_members(profile: Profile, config: dict[str, Any], n: int) -> list[
     return [ranked[i] for i in picks]
 
 
+MOST_UNITS = 1000  # a level needing more is reported as more than this
+
+
+@dataclass(frozen=True)
+class LevelNeed:
+    """What one level of a measured run implies for a target: its units (interleaved rounds, or instance pairs of
+    a sequential variant) at the variance it measured, and at that variance's own 95% interval."""
+
+    arm: str
+    concurrency: float
+    unit: str  # "round" or "instance"
+    measured: int  # the units its interval rested on
+    df: int
+    need: int | None  # None: more than MOST_UNITS
+    need_lo: int | None
+    need_hi: int | None
+
+    def shown(self) -> str:
+        def n(x: int | None) -> str:
+            return str(x) if x is not None else f">{MOST_UNITS}"
+
+        return f"{self.concurrency:g}: {n(self.need)} [{n(self.need_lo)}, {n(self.need_hi)}]"
+
+
+def level_needs(measured: Crossover, target: float, confidence: float = 0.95) -> list[LevelNeed]:
+    """Per speculative arm and level of a measured run: the units its own paired interval implies for `target`.
+    One unit's variance is the interval's squared standard error times its units; with few degrees of freedom
+    that variance is itself uncertain (a chi-square on df), so the need is given with the range its 95% interval
+    implies: two instances (one degree of freedom) cannot say much, and the range says so."""
+    out = []
+    for arm, result in measured.arms.items():
+        for row in result.per_level:
+            p = row.paired
+            if p is None or p.log_se is None or p.df < 1 or p.blocks < 1:
+                continue
+            var = p.log_se**2 * p.blocks
+            lo, hi = (p.df * var / float(sps.chi2.ppf(q, p.df)) for q in (0.5 + confidence / 2, 0.5 - confidence / 2))
+            need, need_lo, need_hi = (units_for(v, target, confidence, MOST_UNITS) for v in (var, lo, hi))
+            out.append(LevelNeed(arm, row.concurrency, p.unit, p.blocks, p.df, need, need_lo, need_hi))
+    return out
+
+
 class PlanError(ValueError):
     """A config or request `specsweep plan` cannot plan; the message names what to change."""
 
@@ -343,6 +389,10 @@ class ConfigPlan:
     start_from: str = "--server-start-s"  # where server_start_s came from
     plausible: list[PlannedSweep] = field(default_factory=list)  # the fixed grid on plausible profiles (seed 0)
     ensemble_size: int = 0  # the profile's plausible profiles, of which `plausible` planned some
+    target: float | None = None  # the 95% half-width to reach (--effect, else precision.target)
+    noise_from: str | None = None  # a measured run's crossover.json (--noise-from)
+    measured_variant: str | None = None  # the variant that run measured
+    needs: list[LevelNeed] = field(default_factory=list)  # what its levels imply for the target
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -353,7 +403,74 @@ class ConfigPlan:
             "runs": [[p.as_dict() for p in pair] for pair in self.runs],
             "plausible": [p.as_dict() for p in self.plausible],
             "ensemble_size": self.ensemble_size,
+            "precision": {
+                "target": self.target,
+                "noise_from": self.noise_from,
+                "measured_variant": self.measured_variant,
+                "levels": [n.__dict__ for n in self.needs],
+                "pair_s": self._pair_seconds(),
+            },
         }
+
+    def _pair_seconds(self) -> list[float]:
+        """One more instance pair of a sequential variant: every replicated arm's server start and sweep, on the
+        fixed grid (seed 0) and on each plausible profile."""
+        return [
+            sum(p.measure_s[a] / p.instances for a in p.replicated_arms)
+            for p in [self.runs[0][0], *self.plausible]
+            if p.instances > 1
+        ]
+
+    def _precision_lines(self) -> list[str]:
+        """The units and, for a sequential variant, the GPU time a target takes at a measured run's spread; without
+        one, that it is not planned (virtual time has no host or instance noise to plan it with)."""
+        goal = f"+-{self.target:.1%} (95%)" if self.target is not None else "a target"
+        if self.noise_from is None:
+            return [
+                f"precision {goal}: the GPU time to reach it is not planned here: it rests on the box's spread "
+                "between server instances and rounds, which virtual time does not have; measure a sweep (or an "
+                "A/A) and pass its crossover.json (--noise-from)"
+            ]
+        if not self.needs:
+            return [
+                f"precision {goal}: {self.noise_from} has no paired intervals to plan with (a sequential variant "
+                "needs pairing.instances >= 2; an interleaved one, its rounds)"
+            ]
+        other = f" (variant {self.measured_variant})" if self.measured_variant != self.variant else ""
+        lines = [f"precision {goal} at the spread measured in {self.noise_from}{other}, per level: need [95% range]"]
+        for arm in dict.fromkeys(n.arm for n in self.needs):
+            rows = [n for n in self.needs if n.arm == arm]
+            unit = "instance pairs" if rows[0].unit == "instance" else "rounds"
+            lines.append(f"  {arm} ({unit}, measured {rows[0].measured}): " + ", ".join(n.shown() for n in rows))
+        pairs = [n for n in self.needs if n.unit == "instance"]
+        per_pair = self._pair_seconds()
+        if pairs and per_pair:
+
+            def most(key: str) -> int | None:
+                values = [getattr(n, key) for n in pairs]
+                return None if any(v is None for v in values) else max(values)
+
+            need, lo, hi = most("need"), most("need_lo"), most("need_hi")
+            widest = max(pairs, key=lambda n: n.need if n.need is not None else MOST_UNITS + 1)
+
+            def hours(n: int | None, s: float) -> str:
+                return f"{n * s / 3600:.1f} h" if n is not None else f"more than {MOST_UNITS * s / 3600:.0f} h"
+
+            shown = hours(need, per_pair[0])
+            line = (
+                f"  GPU time: {need if need is not None else '>' + str(MOST_UNITS)} instance pairs "
+                f"(C={widest.concurrency:g} decides) x {per_pair[0] / 60:.1f} min a pair = {shown}"
+            )
+            if len(per_pair) > 1:
+                line += (
+                    f"; over the plausible profiles {hours(need, min(per_pair[1:]))}-{hours(need, max(per_pair[1:]))}"
+                )
+            lines.append(line)
+            lines.append(
+                f"  at the measured spread's 95% interval: {hours(lo, min(per_pair))} to {hours(hi, max(per_pair))}"
+                " (a spread measured on few instances is itself uncertain)"
+            )
+        return lines
 
     def _plausible_lines(self) -> list[str]:
         """The fixed grid's answers over the plausible profiles: each arm's crossover, each family's schedule and
@@ -399,7 +516,7 @@ class ConfigPlan:
                         f"{arm} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
                         f"median {np.median(mins):.1f} min"
                     )
-        return "\n".join(lines + self._plausible_lines())
+        return "\n".join(lines + self._plausible_lines() + self._precision_lines())
 
 
 def plan_config(
@@ -409,6 +526,8 @@ def plan_config(
     seeds: int = 1,
     server_start_s: float | None = None,
     plausible: int = 0,
+    noise_from: str | Path | None = None,
+    target: float | None = None,
 ) -> ConfigPlan:
     """What `specsweep plan` prints: `variant` (default: the config's first) planned with engine seeds
     0..seeds-1, on `profile` (default: the sim variant's own). PlanError names what to change: an open-loop
@@ -439,6 +558,28 @@ def plan_config(
     members = plausible_members(prof, config, plausible)
     on_members = [plan_sweep(m, config, variant, None, 0, server_start_s) for m in members]
     ensemble = len(((prof.reference or {}).get("uncertainty") or {}).get("ensemble") or [])
+    target = target if target is not None else (config.get("precision") or {}).get("target")
+    measured, needs = None, []
+    if noise_from is not None:
+        if target is None:
+            raise PlanError("--noise-from needs a target: pass --effect (e.g. 0.038) or set precision.target")
+        try:
+            measured = read(Crossover, noise_from, "pass the crossover.json of a finished run")[0]
+        except (OSError, RecordError) as e:
+            raise PlanError(f"--noise-from {noise_from}: {e}") from None
+        needs = level_needs(measured, target)
     return ConfigPlan(
-        variant, prof, adaptive, speculative_arms(config), float(server_start_s), runs, start_from, on_members, ensemble
+        variant,
+        prof,
+        adaptive,
+        speculative_arms(config),
+        float(server_start_s),
+        runs,
+        start_from,
+        on_members,
+        ensemble,
+        target,
+        str(noise_from) if noise_from is not None else None,
+        measured.variant if measured is not None else None,
+        needs,
     )

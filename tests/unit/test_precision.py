@@ -137,3 +137,16 @@ def test_rounds_for_target_is_the_fewest_that_reach_it() -> None:
         return float(stats.t.ppf(0.975, k - 1)) * 0.15 / math.sqrt(k)
 
     assert hw(n) <= math.log1p(0.05) < hw(n - 1)
+
+
+def test_under_a_seconds_budget_the_block_size_is_the_one_whose_rounds_that_fit_give_the_narrowest_interval() -> None:
+    """Content-dominated rounds (m* says grow 4x) of 40 s each, three spent: with 120 s left a 4x round (145 s)
+    does not fit and a 2x one leaves one round, where three more of the same size give the narrower interval; with
+    a budget that holds several grown rounds, the blocks grow."""
+    content = rounds([0.40, 0.55, 0.47], 0.01)
+    spent = RoundCost([40.0] * 3, [512] * 3, 5.0)
+    assert block_growth(components(content), spent, 1, 4) > 1
+    tight = next_step(estimate(content), settings(max_rounds=10, max_level_s=240.0), spent, 1, 4)
+    assert not tight.stop and tight.growth == 1
+    roomy = next_step(estimate(content), settings(max_rounds=10, max_level_s=2000.0), spent, 1, 4)
+    assert not roomy.stop and roomy.growth > 1

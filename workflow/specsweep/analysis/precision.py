@@ -16,7 +16,8 @@ plus `between` (the host's and the instances' time-to-time variation, which does
 m requests takes o + a m seconds (o: warm-up, ramp, thaw, idle probe). The time to reach a target is
 proportional to (o + a m)(W / m + B), W = within x m: least at m* = sqrt(o W / (a B)) (the classical optimal
 allocation of a two-stage sample). So a level whose spread is the prompts' (vLLM C=1) grows its blocks, and a
-level whose spread is the host's (vLLM C=64) adds rounds.
+level whose spread is the host's (vLLM C=64) adds rounds. Under a seconds budget the size is the one whose rounds
+that still fit give the narrowest expected interval (`budgeted_growth`).
 """
 
 from __future__ import annotations
@@ -214,6 +215,34 @@ def block_growth(comp: Components | None, cost: RoundCost, growth: int, max_grow
     return int(min(max_growth, max(growth, best)))
 
 
+def budgeted_growth(
+    pe: PairedEstimate, comp: Components, cost: RoundCost, growth: int, max_growth: int, settings: PrecisionSettings
+) -> int | None:
+    """Under a seconds budget: the block size (in configured blocks, from the current one to `max_growth`) whose
+    rounds that still fit give the narrowest expected interval; None where not one more round fits. m* alone can
+    grow a block so far that the budget then holds one round of it: on the vLLM example C=64 grew 4x after three
+    rounds and stopped at four (t with 3 degrees of freedom), where two more rounds of the same size would have
+    given a narrower interval. Expected: the past rounds' variance as measured, each new round's
+    within / g + between_round, the mean's t interval at the rounds it would then rest on."""
+    assert settings.max_level_s is not None
+    n = len(cost.seconds)
+    left_s, left_rounds = settings.max_level_s - sum(cost.seconds), settings.max_rounds - n
+    per_request_s = max(1e-9, (cost.seconds[-1] - cost.overhead_s) / cost.requests[-1])
+    configured = cost.requests[-1] / growth
+    past = pe.log_se**2 * n**2  # the past rounds' summed variance (the mean's variance is that over n^2)
+    w_per_request = comp.within * cost.requests[-1]
+    best: tuple[float, int] | None = None
+    for g in range(growth, max(growth, max_growth) + 1):
+        k = min(left_rounds, int(left_s // (cost.overhead_s + per_request_s * configured * g)))
+        if k < 1:
+            continue
+        var = (past + k * (w_per_request / (configured * g) + comp.between_round)) / (n + k) ** 2
+        hw = float(sps.t.ppf(0.5 + settings.confidence / 2, n + k - 1)) * math.sqrt(var)
+        if best is None or hw < best[0] * (1 - 1e-9):
+            best = (hw, g)
+    return best[1] if best is not None else None
+
+
 def stop_width(pe: PairedEstimate, confidence: float) -> float:
     """The half-width the rule stops on: the interval's, its variance at least the blocks' own noise (the mean
     of the rounds' `within`; same degrees of freedom). The interval itself rests on the rounds' spread alone;
@@ -245,8 +274,11 @@ def next_step(
     if n >= settings.max_rounds:
         return Next(True, f"{BUDGET_SPENT} max_rounds {settings.max_rounds}", growth)
     comp = components(pe.rounds) if pe is not None and pe.rounds is not None else None
-    nxt = block_growth(comp, cost, growth, min(max_growth, settings.max_block_growth))
+    largest = min(max_growth, settings.max_block_growth)
+    nxt = block_growth(comp, cost, growth, largest)
     if settings.max_level_s is not None:
+        if pe is not None and comp is not None and math.isfinite(pe.log_se):
+            nxt = budgeted_growth(pe, comp, cost, growth, largest, settings) or nxt
         per_request_s = (cost.seconds[-1] - cost.overhead_s) / cost.requests[-1]
         next_s = cost.overhead_s + per_request_s * cost.requests[-1] * nxt / growth
         if sum(cost.seconds) + next_s > settings.max_level_s:

@@ -9,10 +9,12 @@ import pytest
 import yaml
 
 from specsweep.analysis.adaptive import AdaptiveSettings
+from specsweep.analysis.precision import units_for
 from specsweep.cli import main
 from specsweep.config import load, load_yaml, requests_for
+from specsweep.records.crossover import Crossover
 from specsweep.sim.profile import load_profile
-from specsweep.virtual.plan import plan_sweep
+from specsweep.virtual.plan import MOST_UNITS, level_needs, plan_sweep
 
 pytestmark = pytest.mark.unit
 
@@ -218,6 +220,11 @@ def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
     assert "eagle3 (instance pairs, measured 2): 1: 3 [" in text
     gpu = f"GPU time: 8 instance pairs (C=64 decides) x {pair_s / 60:.1f} min a pair = {8 * pair_s / 3600:.1f} h"
     assert gpu in text
+    # interleaved instances pooled (no instance effect): the interval rests on its 8 rounds, not on 2 instances
+    pooled = measured_crossover({4.0: 0.01})
+    pooled["arms"]["eagle3"]["per_level"][0]["paired"].update(df=7, instance_effect=False)
+    (need,) = level_needs(Crossover.model_validate(pooled), 0.038)
+    assert (need.unit, need.measured, need.need) == ("round", 8, units_for(0.01**2 * 8, 0.038, most=MOST_UNITS))
     assert main(base) == 0
     assert "the GPU time to reach it is not planned here" in capsys.readouterr().out
     assert main([*base, "--noise-from", str(tmp_path / "missing.json")]) == 2

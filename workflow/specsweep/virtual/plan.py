@@ -365,10 +365,13 @@ def level_needs(measured: Crossover, target: float, confidence: float = 0.95) ->
             p = row.paired
             if p is None or p.log_se is None or p.df < 1 or p.blocks < 1:
                 continue
-            var = p.log_se**2 * p.blocks
+            # interleaved instances that showed no effect were pooled: the interval rests on their rounds
+            # (df + 1 of them), not on the instances it counts in `blocks`
+            unit, units = ("round", p.df + 1) if p.instance_effect is False else (p.unit, p.blocks)
+            var = p.log_se**2 * units
             lo, hi = (p.df * var / float(sps.chi2.ppf(q, p.df)) for q in (0.5 + confidence / 2, 0.5 - confidence / 2))
             need, need_lo, need_hi = (units_for(v, target, confidence, MOST_UNITS) for v in (var, lo, hi))
-            out.append(LevelNeed(arm, row.concurrency, p.unit, p.blocks, p.df, need, need_lo, need_hi))
+            out.append(LevelNeed(arm, row.concurrency, unit, units, p.df, need, need_lo, need_hi))
     return out
 
 

@@ -52,6 +52,7 @@ localrules:
     compare,
     track_variant,
     merge_segments,
+    segment_need,
 
 
 include: "workflow/rules/common.smk"

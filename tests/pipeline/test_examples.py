@@ -14,8 +14,9 @@ pytestmark = pytest.mark.pipeline
 @pytest.mark.parametrize(
     ("name", "jobs"),
     [
-        # 3 variants x 8 levels x 2 fixed arms x 2 instances (pairing.instances), each level merged from them
-        ("kimi-k25-8gpu", {"instance_cell": 96, "merge_segments": 24, "schedule": 3}),
+        # 3 variants x 8 levels x 2 fixed arms x 2 instances (pairing.instances), each level merged from them after
+        # the segment rule's checkpoint (precision.max_instances) says whether it needs another instance pair
+        ("kimi-k25-8gpu", {"instance_cell": 96, "segment_need": 24, "merge_segments": 24, "schedule": 3}),
         # 4 levels, each one job measuring the 3 fixed arms in interleaved blocks
         ("vllm-cpu-tiny", {"paired_level": 4, "schedule": 1}),
         ("vllm-cpu-tiny-aa", {"paired_level": 4}),

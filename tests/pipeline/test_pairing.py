@@ -177,28 +177,41 @@ def test_interleaved_level_records_its_blocks_and_attempts(runs: dict[str, Path]
 def test_replicated_instances_run_in_counterbalanced_segments(tmp_path: Path) -> None:
     """pairing.mode sequential with two instances per arm (the GPU box's design, on the simulator): four server
     starts in the order baseline, eagle3, eagle3, baseline, each level's cell merged from both instances, and
-    the speedup paired across the segments."""
-    (tmp_path / "config.yaml").write_text(
-        yaml.safe_dump(
-            {**CONFIG, "concurrency": [1, 4], "repeats": 1, "pairing": {"mode": "sequential", "instances": 2}}
-        )
-    )
+    the speedup paired across the segments. With precision.max_instances 3 and a target no two or three instances
+    reach (+-0.5%: two instances' t has about one degree of freedom, 12.7), the segment rule adds a third pair at
+    every level, in the order continued (baseline i3, eagle3 i3: two more starts, not one per level), and each
+    level then says it spent its budget, with the instances its spread implies."""
+    config = {**CONFIG, "concurrency": [1, 4], "repeats": 1, "pairing": {"mode": "sequential", "instances": 2}}
+    config["precision"] = {"target": 0.005, "max_instances": 3}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(tmp_path, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     starts = [e.split(" label=")[1].split()[0] for e in events(tmp_path) if " start " in e]
-    assert starts == ["sim/baseline", "sim/eagle3", "sim/eagle3", "sim/baseline"], starts
+    assert starts == ["sim/baseline", "sim/eagle3", "sim/eagle3", "sim/baseline", "sim/baseline", "sim/eagle3"], starts
     res = tmp_path / "results" / "drift" / "sim"
     levels = per_level(tmp_path)
     for c in (1, 4):
         base = json.loads((res / "baseline" / f"c{c}" / "summary.json").read_text())
-        assert base["pairing"]["mode"] == "segments" and len(base["server"]["instances"]) == 2
+        assert base["pairing"]["mode"] == "segments" and len(base["server"]["instances"]) == 3
         assert [(b["arm"], b["instance"]) for b in base["pairing"]["blocks"]] == [
             ("baseline", 1),
             ("eagle3", 1),
             ("eagle3", 2),
             ("baseline", 2),
+            ("baseline", 3),
+            ("eagle3", 3),
         ]
         ids = {i["identity"] for i in base["server"]["instances"]}
-        assert len(ids) == 2  # two server instances, not one reused
+        assert len(ids) == 3  # three server instances, not one reused
+        log = base["pairing"]["instance_log"]
+        assert (log["instances"], log["max_instances"]) == (3, 3), log
+        assert log["decisions"][0].startswith("i2: +-") and log["decisions"][0].endswith("> +-0.5%"), log
+        assert log["decisions"][-1] == "i3: budget spent: max_instances 3", log
         assert levels[c]["used"] and levels[c]["paired"]["unit"] == "instance", levels[c]
+        precision = levels[c]["precision"]
+        assert precision["unit"] == "instance" and precision["rounds"] == 3, precision
+        assert precision["budget_spent"] and not precision["met"], precision
+        assert precision["rounds_for_target"] is None or precision["rounds_for_target"] > 3, precision
+    notes = json.loads((res / "crossover.json").read_text())["arms"]["eagle3"]["verdict"]["notes"]
+    assert any("after 3 server instances per arm (its budget spent)" in n for n in notes), notes
     assert not sim_server_processes(tmp_path)

@@ -157,3 +157,22 @@ def test_a_servers_cells_run_back_to_back_from_the_highest_level_down() -> None:
     assert [x[2] for x in order[:5]] == ["c9999", "c250", "c10", "c2", "c1"]
     assert cell_priority(cfg, "a", "baseline", "r2.5") > cell_priority(cfg, "a", "baseline", "r2")
     assert cell_priority(cfg, "a", "baseline", "t1.5") > cell_priority(cfg, "a", "baseline", "t1")
+
+
+def test_the_segment_rules_budget_starts_at_the_configured_instances() -> None:
+    """precision.max_instances is the most instances per arm a sequential level may take: below pairing.instances
+    it is refused, naming the fix; it adds nothing where arms interleave or no target is set."""
+    seq = {**GOOD, "variants": {"gpu": {"engine": "sim", "gpus": "0"}}, "pairing": {"instances": 2}}
+    cfg = copy.deepcopy(seq)
+    cfg["pairing"]["instances"] = 3
+    cfg["precision"] = {"max_instances": 2}
+    with pytest.raises(ssconfig.ConfigError, match=r"precision/max_instances'.*below pairing.instances \(3\)"):
+        ssconfig.validate(cfg)
+    ok = ssconfig.validate({**copy.deepcopy(seq), "precision": {"max_instances": 4}})
+    assert ssconfig.instances(ok, "gpu") == 2 and ssconfig.max_instances(ok, "gpu") == 4
+    assert [k for _, k in ssconfig.segments(ok, "gpu")] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [a for a, _ in ssconfig.segments(ok, "gpu")][4:] == ["baseline", "eagle3", "eagle3", "baseline"]
+    fixed = ssconfig.validate({**copy.deepcopy(seq), "precision": {"max_instances": 4, "target": None}})
+    assert ssconfig.max_instances(fixed, "gpu") == 2
+    cpu = ssconfig.validate({**copy.deepcopy(GOOD), "pairing": {"instances": 2}, "precision": {"max_instances": 4}})
+    assert ssconfig.max_instances(cpu, "sim") == 1  # interleaved: its level jobs hold every instance at once

@@ -220,6 +220,15 @@ def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
     assert "eagle3 (instance pairs, measured 2): 1: 3 [" in text
     gpu = f"GPU time: 8 instance pairs (C=64 decides) x {pair_s / 60:.1f} min a pair = {8 * pair_s / 3600:.1f} h"
     assert gpu in text
+    assert (
+        "the segment rule's budget (precision.max_instances 2) stops short of it: levels then say so; 8 reach" in text
+    )
+    cfg["precision"] = {"max_instances": 8}  # the segment rule may add pairs: its budget holds the 8
+    path.write_text(yaml.safe_dump(cfg))
+    assert main([*base, "--noise-from", str(measured), "--effect", "0.038"]) == 0
+    text = capsys.readouterr().out
+    assert "within the segment rule's budget (precision.max_instances 8)" in text
+    assert "up to 8 per arm (precision.max_instances): at most" in text
     # interleaved instances pooled (no instance effect): the interval rests on its 8 rounds, not on 2 instances
     pooled = measured_crossover({4.0: 0.01})
     pooled["arms"]["eagle3"]["per_level"][0]["paired"].update(df=7, instance_effect=False)

@@ -176,11 +176,39 @@ rule instance_cell:
         " --startup-timeout-s {resources.startup_timeout_s} > {log} 2>&1"
 
 
-rule merge_segments:
-    """Every fixed arm's cell at a level, merged from its server instances' cells (pairing.instances)."""
+checkpoint segment_need:
+    """After a sequential level's first N instance pairs: is its answer known, or is another pair measured there
+    (precision.max_instances; the DAG is re-evaluated on the answer)."""
     input:
-        segment_cells,
-        lambda w: segment_cells(w, "requests.parquet"),
+        lambda w: segment_cells(w, pairs=w.pairs),
+        lambda w: segment_cells(w, "requests.parquet", pairs=w.pairs),
+    output:
+        RES / "{variant}" / "segments" / "{level}" / "after-i{pairs}.json",
+    log:
+        LOGS / "cells" / "{variant}.segments.{level}.i{pairs}.log",
+    wildcard_constraints:
+        variant=regex_of(REPLICATED_VARIANTS),
+        level=r"c\d+",
+        pairs=r"\d+",
+    priority: segment_need_priority(config)
+    conda:
+        "../envs/specsweep.yaml"
+    params:
+        variant_root=lambda w: RES / w.variant,
+        arms=REFERENCE_FIRST,
+        rule=segment_rule_args,
+    shell:
+        "python -m specsweep segment-need --variant-root {params.variant_root} --level {wildcards.level}"
+        " --arms {params.arms} --instances {wildcards.pairs} {params.rule} --out {output} > {log} 2>&1"
+
+
+rule merge_segments:
+    """Every fixed arm's cell at a level, merged from its server instances' cells (pairing.instances, and the
+    pairs the segment rule added)."""
+    input:
+        summaries=segment_cells,
+        requests=lambda w: segment_cells(w, "requests.parquet"),
+        decisions=segment_decisions,
     output:
         requests=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "requests.parquet", arm=FIXED_ARMS),
         summaries=expand(RES / "{{variant}}" / "{arm}" / "{{level}}" / "summary.json", arm=FIXED_ARMS),
@@ -194,10 +222,13 @@ rule merge_segments:
     params:
         variant_root=lambda w: RES / w.variant,
         arms=REFERENCE_FIRST,
-        instances=lambda w: instances(config, w.variant),
+        instances=lambda w, input: len(input.summaries) // len(FIXED_ARMS),
+        rule=lambda w, input: (
+            f"--decisions {' '.join(map(str, input.decisions))} {segment_rule_args(w)}" if input.decisions else ""
+        ),
     shell:
         "python -m specsweep merge-segments --variant-root {params.variant_root} --level {wildcards.level}"
-        " --arms {params.arms} --instances {params.instances} > {log} 2>&1"
+        " --arms {params.arms} --instances {params.instances} {params.rule} > {log} 2>&1"
 
 
 ruleorder: paired_policy > paired_level > merge_segments > cell

@@ -14,7 +14,9 @@ from specsweep.config import (
     instances,
     interleaved_variants,
     level_priority,
+    max_instances,
     replicated_variants,
+    segment_need_priority,
     segment_priority,
     level_name,
     levels,
@@ -211,14 +213,49 @@ def instance_priority_of(wildcards):
     return segment_priority(config, wildcards.variant, wildcards.arm, int(wildcards.instance), wildcards.level)
 
 
-def segment_cells(wildcards, name="summary.json"):
-    """Every fixed arm's instance cells at the level: what its merged cells are made of."""
-    n = instances(config, wildcards.variant)
+def segment_answer(variant, level, pairs):
+    """The segment rule's answer file after `pairs` instance pairs at a level (checkpoint segment_need)."""
+    return RES / variant / "segments" / level / f"after-i{pairs}.json"
+
+
+def instances_at(variant, level):
+    """Server instances per fixed arm the level is measured on: pairing.instances, then one more pair each time
+    its checkpoint says the answer is not yet known, up to precision.max_instances (none asked where they are
+    equal)."""
+    n, most = instances(config, variant), max_instances(config, variant)
+    if most == n:
+        return n
+    while json.loads(Path(checkpoints.segment_need.get(variant=variant, level=level, pairs=n).output[0]).read_text())[
+        "more"
+    ]:
+        n += 1
+    return n
+
+
+def segment_decisions(wildcards):
+    """The segment rule's answers the level's merged cells record (none without precision.max_instances)."""
+    n0, most = instances(config, wildcards.variant), max_instances(config, wildcards.variant)
+    if most == n0:
+        return []
+    last = instances_at(wildcards.variant, wildcards.level)
+    return [segment_answer(wildcards.variant, wildcards.level, k) for k in range(n0, last + 1)]
+
+
+def segment_cells(wildcards, name="summary.json", pairs=None):
+    """Every fixed arm's instance cells at the level: what its merged cells (or, `pairs` given, the segment
+    rule's answer after that many pairs) are made of."""
+    n = int(pairs) if pairs is not None else instances_at(wildcards.variant, wildcards.level)
     return [
         RES / wildcards.variant / a / wildcards.level / "instances" / f"i{k}" / name
         for a in FIXED_ARMS
         for k in range(1, n + 1)
     ]
+
+
+def segment_rule_args(wildcards):
+    """The segment rule's target and budget on the command line (a param: changing them re-asks it)."""
+    p = config["precision"]
+    return f"--target {p['target']} --max-instances {max_instances(config, wildcards.variant)}"
 
 
 def paired_priority_of(wildcards):

@@ -182,6 +182,13 @@ def _check_semantics(config: dict[str, Any]) -> None:
             f"config error at 'pairing/mode': interleaved arms measure closed-loop levels, and load.mode is "
             f"{config['load']['mode']}; set pairing.mode to auto or sequential"
         )
+    most = config["precision"].get("max_instances")
+    if most is not None and most < config["pairing"]["instances"]:
+        raise ConfigError(
+            f"config error at 'precision/max_instances': {most} is below pairing.instances "
+            f"({config['pairing']['instances']}), the instances every sequential level starts with; set it to at "
+            "least that, or null (no instance pair added)"
+        )
     _check_dataset(config["workload"])
     for name, variant in config["variants"].items():
         for arm in variant.get("arm_server_args", {}):
@@ -548,14 +555,26 @@ def replicated_variants(config: dict[str, Any]) -> list[str]:
     return [v for v in config["variants"] if instances(config, v) > 1]
 
 
+def max_instances(config: dict[str, Any], variant: str) -> int:
+    """The most server instances per fixed arm a replicated variant's level may take: precision.max_instances
+    (the segment rule adds a pair at a time while the level's interval is wider than precision.target), else
+    pairing.instances (fixed: no pair added)."""
+    n = instances(config, variant)
+    most = config["precision"].get("max_instances")
+    if n < 2 or most is None or config["precision"]["target"] is None:
+        return n
+    return max(n, int(most))
+
+
 def segments(config: dict[str, Any], variant: str) -> list[tuple[str, int]]:
     """The (arm, instance) segments of a replicated variant in the order they run: the fixed arms forward for
-    odd instances and reversed for even ones (baseline i1, eagle3 i1, eagle3 i2, baseline i2)."""
+    odd instances and reversed for even ones (baseline i1, eagle3 i1, eagle3 i2, baseline i2, then the pairs the
+    segment rule may add: baseline i3, eagle3 i3, ...)."""
     arms = [config["analysis"]["baseline_arm"]] + [
         a for a in fixed_arms(config) if a != config["analysis"]["baseline_arm"]
     ]
     out = []
-    for k in range(1, instances(config, variant) + 1):
+    for k in range(1, max_instances(config, variant) + 1):
         out += [(a, k) for a in (arms if k % 2 else list(reversed(arms)))]
     return out
 
@@ -567,6 +586,15 @@ def segment_priority(config: dict[str, Any], variant: str, arm: str, instance: i
     group = len(order) - order.index((variant, arm, instance))
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
+
+
+def segment_need_priority(config: dict[str, Any]) -> int:
+    """Snakemake priority of the segment rule's checkpoint: above every instance cell, so each level's answer
+    after a pair comes before the next pair's first cell; the added pair's cells then run level after level on
+    one server start per arm (asked after the next level's cells, a level's added pair would start its servers
+    once for itself and once more for the others)."""
+    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
+    return (len(order) + 1) * LEVEL_RANKS
 
 
 def interleaved_variants(config: dict[str, Any]) -> list[str]:

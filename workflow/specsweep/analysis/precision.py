@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy import stats as sps
 
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
 from specsweep.measure.interleave import BUDGET_SPENT, LevelProgress, least_rounds
+from specsweep.measure.segments import merged_level
+from specsweep.records import SegmentDecision
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class LevelPrecision:
     block_growth: int  # the last round's requests per block over the configured ones
     components: Components | None
     rounds_for_target: int | None  # what the rounds' variance implies at the last block size (None: unknown)
+    unit: str = "round"  # what `rounds` and `rounds_for_target` count: rounds, or server instances per arm
 
     def as_dict(self) -> dict[str, Any]:
         c = self.components
@@ -117,6 +121,7 @@ class LevelPrecision:
             "between_round_var": c.between_round if c else None,
             "between_instance_var": c.between_instance if c else None,
             "rounds_for_target": self.rounds_for_target,
+            "unit": self.unit,
         }
 
 
@@ -169,14 +174,41 @@ def assess(
 def level_precision(cell: Cell | None, pe: PairedEstimate | None, confidence: float) -> LevelPrecision | None:
     """A paired level's precision as the analysis reports it: its own interval against the target it was measured
     for (the rounds' log in its summary; none: fixed rounds), what it spent, and its variance components."""
-    if cell is None or pe is None or pe.rounds is None:
+    if cell is None or pe is None:
         return None
+    if pe.rounds is None:
+        return _segments_precision(cell, pe, confidence)
     log = (cell.summary.get("pairing") or {}).get("precision")
     if log is None:
         return assess(pe, None, confidence, None, 1, False)
     sizes = [int(n) for n in log["block_requests"]]
     spent = bool(log["decisions"]) and str(log["decisions"][-1]).startswith(BUDGET_SPENT)
     return assess(pe, log["target"], confidence, sum(sizes), sizes[-1] // sizes[0], spent)
+
+
+def _segments_precision(cell: Cell, pe: PairedEstimate, confidence: float) -> LevelPrecision | None:
+    """A sequential level measured by the segment rule (precision.max_instances): its interval over the arms'
+    instances against its target, and the instances per arm its variance implies. None: fixed instances."""
+    log = (cell.summary.get("pairing") or {}).get("instance_log")
+    if log is None or pe.unit != "instance":
+        return None
+    hw = pe.half_width(confidence)
+    met = math.isfinite(hw) and hw <= log["target"]
+    # each answer reads "i<k>: <decision>"
+    spent = bool(log["decisions"]) and str(log["decisions"][-1]).split(": ", 1)[-1].startswith(BUDGET_SPENT)
+    ok = math.isfinite(pe.log_se) and pe.log_se > 0
+    return LevelPrecision(
+        target=log["target"],
+        half_width=hw if math.isfinite(hw) else None,
+        met=met,
+        budget_spent=spent and not met,
+        rounds=pe.pairs,
+        requests=None,
+        block_growth=1,
+        components=None,
+        rounds_for_target=units_for(pe.log_se**2 * pe.pairs, log["target"], confidence) if ok else None,
+        unit="instance",
+    )
 
 
 @dataclass(frozen=True)
@@ -286,53 +318,92 @@ def next_step(
     return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
 
 
+def next_pair(
+    variant_root: Path, level: str, arms: list[str], instances: int, target: float, most: int, confidence: float = 0.95
+) -> SegmentDecision:
+    """A sequential level's answer after its first `instances` instance pairs: the arms' cells merged from those
+    instances in memory (as `merge-segments` would write them), each speculative arm's paired interval against
+    the baseline (`arms[0]`), the widest deciding (`segment_step`)."""
+    merged = merged_level(variant_root, level, arms, instances)
+    concurrency = int(next(iter(merged.values()))[1]["concurrency"])
+    estimates = paired_estimates(merged, concurrency, arms[0])
+    widest = widest_estimate(estimates, confidence)
+    step = segment_step(widest, target, confidence, instances, most)
+    hw = stop_width(widest, confidence) if widest is not None else float("nan")
+    return SegmentDecision(
+        instances=instances, more=not step.stop, decision=step.reason, half_width=hw if math.isfinite(hw) else None
+    )
+
+
 RULE_REPLICATES = 1000  # the blocks' bootstrap inside the rule (the analysis redoes it with its own count)
 
 
 class LevelRule:
     """The stopping rule as `measure/interleave.py` asks it: after each round, the paired interval of the level's
     throughput (the reference arm against each other arm, the widest deciding) from the records so far, by the
-    same bootstrap and paired t as the analysis."""
+    same bootstrap and paired t as the analysis (`paired_estimates`)."""
 
     def __init__(self, settings: PrecisionSettings, metric: str = THROUGHPUT) -> None:
         self.settings = settings
         self.metric = next(m for m in METRICS if m.name == metric)
 
-    def estimates(self, progress: LevelProgress) -> dict[str, PairedEstimate | None]:
-        cells = {}
-        for arm, summary in progress.summaries.items():
-            frame = progress.frames[arm]
-            windows = summary_windows(summary) or None
-            cells[arm] = Cell(
-                arm=arm,
-                concurrency=float(progress.concurrency),
-                path=Path(arm),
-                summary=summary,
-                requests=request_arrays(frame, progress.concurrency, windows),
-            )
-        boots = {arm: bootstrap_cell(c, RULE_REPLICATES, 0, metrics=(self.metric,)) for arm, c in cells.items()}
-        ref = progress.reference_arm
-        rng = np.random.default_rng(0)
-        m = self.metric
-        return {
-            arm: paired_estimate(cells[ref], c, boots[ref], boots[arm], m.name, m.higher_is_better, 2, rng)
-            for arm, c in cells.items()
-            if arm != ref
-        }
-
     def __call__(self, progress: LevelProgress) -> Next:
-        estimates = self.estimates(progress)
-
-        # the widest arm decides (one without an interval is the widest)
-        def width(pe: PairedEstimate | None) -> float:
-            hw = stop_width(pe, self.settings.confidence) if pe is not None else math.nan
-            return hw if math.isfinite(hw) else math.inf
-
-        widest = max(estimates.values(), key=width, default=None)
-        if widest is not None and not math.isfinite(width(widest)):
-            widest = None
+        cells = {arm: (progress.frames[arm], s) for arm, s in progress.summaries.items()}
+        estimates = paired_estimates(cells, progress.concurrency, progress.reference_arm, self.metric.name)
+        widest = widest_estimate(estimates, self.settings.confidence)
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
         return next_step(widest, self.settings, cost, progress.growth, progress.max_growth)
+
+
+def paired_estimates(
+    cells: dict[str, tuple[pd.DataFrame, dict[str, Any]]], concurrency: int, reference: str, metric: str = THROUGHPUT
+) -> dict[str, PairedEstimate | None]:
+    """Each other arm's paired interval against `reference` from its records and summary so far (arm -> (records,
+    summary)), by the same bootstrap and paired t as the analysis: what both rules judge."""
+    m = next(x for x in METRICS if x.name == metric)
+    built = {}
+    for arm, (frame, summary) in cells.items():
+        windows = summary_windows(summary) or None
+        built[arm] = Cell(
+            arm=arm,
+            concurrency=float(concurrency),
+            path=Path(arm),
+            summary=summary,
+            requests=request_arrays(frame, concurrency, windows),
+        )
+    boots = {arm: bootstrap_cell(c, RULE_REPLICATES, 0, metrics=(m,)) for arm, c in built.items()}
+    rng = np.random.default_rng(0)
+    return {
+        arm: paired_estimate(built[reference], c, boots[reference], boots[arm], m.name, m.higher_is_better, 2, rng)
+        for arm, c in built.items()
+        if arm != reference
+    }
+
+
+def widest_estimate(estimates: dict[str, PairedEstimate | None], confidence: float) -> PairedEstimate | None:
+    """The arm whose interval decides a stop: the widest (None where one arm has no interval)."""
+
+    def width(pe: PairedEstimate | None) -> float:
+        hw = stop_width(pe, confidence) if pe is not None else math.nan
+        return hw if math.isfinite(hw) else math.inf
+
+    widest = max(estimates.values(), key=width, default=None)
+    return widest if widest is not None and math.isfinite(width(widest)) else None
+
+
+def segment_step(pe: PairedEstimate | None, target: float, confidence: float, instances: int, most: int) -> Next:
+    """A sequential level's answer after `instances` instance pairs (each arm on that many server instances, in
+    the counterbalanced segment order): stop when its interval is within the target, or at `most` instances
+    (precision.max_instances), else measure one more pair. The same stop as the rounds' rule (`stop_width`, on
+    the width only), with the instances as its units."""
+    hw = stop_width(pe, confidence) if pe is not None else float("nan")
+    goal = f"+-{100 * target:g}%"
+    if math.isfinite(hw) and hw <= target:
+        return Next(True, f"target met: +-{hw:.1%} <= {goal}", 1)
+    if instances >= most:
+        return Next(True, f"{BUDGET_SPENT} max_instances {most}", 1)
+    shown = f"+-{hw:.1%}" if math.isfinite(hw) else "no interval"
+    return Next(False, f"{shown} > {goal}", 1)
 
 
 def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
@@ -350,9 +421,10 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
     for c, p in short:
         hw = f"+-{p['half_width']:.1%}" if p["half_width"] is not None else "no interval"
         why = "its budget spent" if p["budget_spent"] else "the rule's own estimate stopped it"
-        need = f"; its variance implies {p['rounds_for_target']} rounds" if p["rounds_for_target"] else ""
+        units = "server instances per arm" if p.get("unit") == "instance" else "rounds"
+        need = f"; its variance implies {p['rounds_for_target']} {units}" if p["rounds_for_target"] else ""
         notes.append(
-            f"precision: {symbol}={c:g} short of its target +-{p['target']:.0%}: {hw} after {p['rounds']} rounds "
+            f"precision: {symbol}={c:g} short of its target +-{p['target']:.0%}: {hw} after {p['rounds']} {units} "
             f"({why}){need}"
         )
     return notes

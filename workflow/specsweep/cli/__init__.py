@@ -37,6 +37,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "specsweep.cli.merge_segments",
         "merge each fixed arm's instance cells at a level into its cell",
     ),
+    "segment-need": (
+        "specsweep.cli.segment_need",
+        "(the DAG's checkpoint) decide whether a sequential level measures another instance pair",
+    ),
     "servers": ("specsweep.cli.servers", "list or stop the servers of an experiment"),
     "server-host": ("specsweep.cli.server_host", "(internal) a SLURM job's server host, started from its batch step"),
     "crossover": ("specsweep.cli.crossover", "compute a variant's crossover, plots and policy"),

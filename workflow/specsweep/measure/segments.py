@@ -24,6 +24,7 @@ import pandas as pd
 
 from specsweep.measure.metrics import jsonable, pooled_metrics
 from specsweep.measure.summary import read_records, read_summary, write_cell
+from specsweep.records import SegmentDecision
 
 
 def instance_dir(cell_dir: Path, instance: int) -> Path:
@@ -76,8 +77,22 @@ def _merge_arm(cell_dir: Path, instances: int) -> tuple[pd.DataFrame, dict[str, 
     return records, merged, blocks
 
 
-def merge_level(variant_root: Path, level: str, arms: list[str], instances: int) -> dict[str, dict[str, Any]]:
-    """Merge every arm's instance cells at `level` and write each arm's cell; returns arm -> summary."""
+def instance_log(answers: list[SegmentDecision], target: float, most: int, instances: int) -> dict[str, Any]:
+    """The pairing block's log of the segment rule (records.InstanceLog): its answer after each pair, in order."""
+    ordered = sorted(answers, key=lambda a: a.instances)
+    return {
+        "target": target,
+        "max_instances": most,
+        "instances": instances,
+        "decisions": [f"i{a.instances}: {a.decision}" for a in ordered],
+    }
+
+
+def merged_level(
+    variant_root: Path, level: str, arms: list[str], instances: int
+) -> dict[str, tuple[pd.DataFrame, dict[str, Any]]]:
+    """Every arm's cell at `level` merged from its first `instances` instance cells, in memory: arm -> (records,
+    summary with its pairing block). The segment rule judges these between pairs; `merge_level` writes them."""
     merged: dict[str, tuple[pd.DataFrame, dict[str, Any]]] = {}
     blocks: list[dict[str, Any]] = []
     for arm in arms:
@@ -87,9 +102,20 @@ def merge_level(variant_root: Path, level: str, arms: list[str], instances: int)
     blocks.sort(key=lambda b: b["start_unix"])
     ident = hashlib.sha256(json.dumps([(b["arm"], b["start_unix"]) for b in blocks]).encode()).hexdigest()[:12]
     pairing = {"mode": "segments", "id": ident, "arms": arms, "instances": instances, "blocks": blocks}
+    for _, summary in merged.values():
+        summary["pairing"] = dict(pairing)
+    return merged
+
+
+def merge_level(
+    variant_root: Path, level: str, arms: list[str], instances: int, log: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Merge every arm's instance cells at `level` and write each arm's cell; returns arm -> summary. `log`: the
+    segment rule's answers after each instance pair (precision.max_instances), kept in the pairing block."""
     out = {}
-    for arm, (records, summary) in merged.items():
-        summary["pairing"] = pairing
+    for arm, (records, summary) in merged_level(variant_root, level, arms, instances).items():
+        if log is not None:
+            summary["pairing"]["instance_log"] = log
         write_cell(variant_root / arm / level, records, jsonable(summary))
         out[arm] = summary
     return out

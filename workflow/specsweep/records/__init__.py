@@ -7,7 +7,7 @@ but itself."""
 from specsweep.records.base import Record, RecordError, check, read
 from specsweep.records.cellspec import CELL_SPEC_FIX, CellSpec
 from specsweep.records.crossover import CROSSOVER_FIX, Crossover
-from specsweep.records.summary import SUMMARY_FIX, CellSummary, MeasuredLevel
+from specsweep.records.summary import SUMMARY_FIX, CellSummary, MeasuredLevel, SegmentDecision
 
 __all__ = [
     "CELL_SPEC_FIX",
@@ -19,6 +19,7 @@ __all__ = [
     "MeasuredLevel",
     "Record",
     "RecordError",
+    "SegmentDecision",
     "check",
     "read",
 ]

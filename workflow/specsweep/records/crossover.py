@@ -20,14 +20,17 @@ class LevelPrecision(Record):
     target: float | None = Field(description="the 95% half-width it was measured to (null: fixed rounds)")
     half_width: float | None = Field(description="the 95% interval's relative half-width reached (null: none)")
     met: bool = Field(description="half_width <= target")
-    budget_spent: bool = Field(description="stopped by its budget (max_rounds, max_level_s) short of the target")
-    rounds: int = Field(description="rounds the interval rests on")
+    budget_spent: bool = Field(description="stopped by its budget (max_rounds, max_level_s, max_instances), short")
+    rounds: int = Field(description="rounds the interval rests on (unit instance: server instances per arm)")
     requests: int | None = Field(description="measured requests per arm, every round (null: fixed rounds)")
     block_growth: int = Field(description="the last round's requests per block over the configured ones")
     within_round_var: float | None = Field(description="the blocks' own noise (prompts drawn, requests' spread)")
     between_round_var: float | None = Field(description="the rounds' spread beyond it (the host over time)")
     between_instance_var: float | None = Field(description="the server instances' own (null: one instance)")
-    rounds_for_target: int | None = Field(description="rounds its variance implies for the target")
+    rounds_for_target: int | None = Field(description="rounds (or instances per arm) its variance implies")
+    unit: Literal["round", "instance"] = Field(
+        "round", description="round (interleaved) or instance (sequential segments, precision.max_instances)"
+    )
 
 
 class PairedBasis(Record):

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from specsweep.records.cellspec import CellSpec
 from specsweep.records.crossover import Crossover
-from specsweep.records.summary import CellSummary, MeasuredLevel
+from specsweep.records.summary import CellSummary, MeasuredLevel, SegmentDecision
 
 DOC_PATH = Path(__file__).resolve().parents[3] / "docs" / "records.md"
 FILES = (
@@ -18,6 +18,7 @@ FILES = (
     ("summary.json (`specsweep bench`)", MeasuredLevel),
     ("crossover.json", Crossover),
     ("the cell spec (a rule's `spec` param)", CellSpec),
+    ("a sequential level's next-pair answer (`segments/<level>/after-i<k>.json`)", SegmentDecision),
 )
 
 

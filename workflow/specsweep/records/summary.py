@@ -217,6 +217,27 @@ class RoundLog(Record):
     decisions: list[str] = Field(description="the rule's answer after each round from the first it was asked")
 
 
+class InstanceLog(Record):
+    """How a sequential level with precision.max_instances went, instance pair by instance pair: from
+    pairing.instances on, the rule asked after each pair whether the level's answer is known
+    (`analysis/precision.py`, `segment_step`), and a pair was added while it was not."""
+
+    target: float = Field(description="the paired speedup's 95% half-width the level was measured to (relative)")
+    max_instances: int = Field(description="the budget: server instances per arm (precision.max_instances)")
+    instances: int = Field(description="server instances per arm measured")
+    decisions: list[str] = Field(description="the rule's answer after each pair from pairing.instances on")
+
+
+class SegmentDecision(Record):
+    """The segment rule's answer for one sequential level after its first `instances` instance pairs (the
+    `segment_need` checkpoint's file): whether the DAG adds another pair at this level."""
+
+    instances: int = Field(description="server instances per arm the answer rests on")
+    more: bool = Field(description="another instance pair is measured at this level")
+    decision: str = Field(description="why: the target met, or the half-width reached against it")
+    half_width: float | None = Field(description="the widest arm's 95% relative half-width the rule stops on")
+
+
 class Pairing(Record):
     """How the arms of a level were measured together (docs/analysis.md, paired intervals)."""
 
@@ -229,6 +250,9 @@ class Pairing(Record):
     blocks: list[Block] = Field(description="each block: arm, repeat, when it ran")
     instances: int | None = Field(None, description="server instances per arm, where more than one")
     precision: RoundLog | None = Field(None, description="measured until its answer was known: the rounds' log")
+    instance_log: InstanceLog | None = Field(
+        None, description="segments measured until the answer was known (precision.max_instances): the pairs' log"
+    )
 
 
 class ReferredOutput(Record):

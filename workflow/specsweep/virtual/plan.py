@@ -35,6 +35,7 @@ from specsweep.config import (
     instances,
     interleaved_instances,
     load_mode,
+    max_instances,
     policy_arms,
     requests_for,
     speculative_arms,
@@ -66,6 +67,7 @@ class PlannedSweep:
     schedules: dict[str, Any] = field(default_factory=dict)  # per family: the derived schedule (None: none)
     proof: dict[str, Any] = field(default_factory=dict)  # per family: the policy arm against the best fixed arm
     instances: int = 1  # server instances per fixed arm (pairing.instances of a sequential variant)
+    max_instances: int = 1  # the most the segment rule may take (precision.max_instances; = instances: fixed)
     held_instances: int = 1  # server instances per arm held at once (pairing.instances of an interleaved variant)
     replicated_arms: list[str] = field(default_factory=list)  # the arms whose cost is instances x
 
@@ -94,6 +96,7 @@ class PlannedSweep:
             "server_starts": self.server_starts,
             "total_s": self.total_s,
             "instances": self.instances,
+            "max_instances": self.max_instances,
             "held_instances": self.held_instances,
             "total_s_one_instance": self.one_instance_s(),
             "rounds": self.rounds,
@@ -244,6 +247,7 @@ def plan_sweep(
         schedules={f: e.get("schedule") for f, e in schedules["families"].items()},
         proof=proof,
         instances=n,
+        max_instances=max_instances(config, variant),
         held_instances=held,
         replicated_arms=list(arms),
     )
@@ -277,6 +281,14 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
             lines.append(
                 f"          replication: {p.instances} server instances per fixed arm (pairing.instances): "
                 f"{p.total_s / 60:.1f} min; with one instance {p.one_instance_s() / 60:.1f} min"
+            )
+        if p.max_instances > p.instances:
+            per_pair = sum(p.measure_s[a] / p.instances for a in p.replicated_arms)
+            most = p.total_s + (p.max_instances - p.instances) * per_pair
+            lines.append(
+                f"          segment rule: a level whose interval is wider than precision.target gets another "
+                f"instance pair, up to {p.max_instances} per arm (precision.max_instances): at most {most / 60:.1f} "
+                "min, every level at its budget"
             )
         if p.held_instances > 1:
             lines.append(
@@ -473,6 +485,14 @@ class ConfigPlan:
                 f"  at the measured spread's 95% interval: {hours(lo, min(per_pair))} to {hours(hi, max(per_pair))}"
                 " (a spread measured on few instances is itself uncertain)"
             )
+            budget = self.runs[0][0].max_instances
+            if need is None or need > budget:
+                lines.append(
+                    f"  the segment rule's budget (precision.max_instances {budget}) stops short of it: levels then "
+                    f"say so; {need if need is not None else 'more than ' + str(MOST_UNITS)} reach it"
+                )
+            else:
+                lines.append(f"  within the segment rule's budget (precision.max_instances {budget})")
         return lines
 
     def _plausible_lines(self) -> list[str]:

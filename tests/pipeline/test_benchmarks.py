@@ -26,7 +26,7 @@ EXPECT = {
     "host_noise.py": "smoke: host timed: ",
     "open_closed_consistency.py": "arm eagle3 (speculative): 1 runs",
     "output_referral.py": "swapped tokens referred where they were swapped: 8 of 8",
-    "precision_coverage.py": "overall coverage of the 95% intervals",
+    "precision_coverage.py": "sequential segments: coverage of the 95% intervals",
     "repeatability.py": "tiny/sim: eagle3 vs baseline",
     "sglang_args_newest.py": "command lines, 0 with findings",
     "sim_fidelity.py": "max |aggregate error|",

@@ -169,8 +169,26 @@ def main() -> None:
     if args.smoke:
         args.sweeps = 10
     rng = np.random.default_rng(args.seed)
-    rows = []
-    all_cov, aa_excl = [], []
+    rows: list[tuple[str, float, float, float, float, float]] = []
+    designs: dict[str, tuple[list[bool], list[bool]]] = {}
+
+    def tally(design: str, name: str, speedup: float, res: list[tuple[bool, bool, bool, int, int]]) -> None:
+        """One scenario's levels into its row and its design's coverage and A/A shares."""
+        cov, excl = designs.setdefault(design, ([], []))
+        cov += [x[0] for x in res]
+        if speedup == 1.0:
+            excl += [x[1] for x in res]
+        rows.append(
+            (
+                name,
+                float(np.mean([x[0] for x in res])),
+                float(np.mean([x[1] for x in res])) if speedup == 1.0 else float("nan"),
+                float(np.mean([x[2] for x in res])),
+                float(np.mean([x[3] for x in res])),
+                float(np.mean([x[4] for x in res])) if design == "interleaved rounds" else float("nan"),
+            )
+        )
+
     for s in SCENARIOS:
         settings = PrecisionSettings.from_config(
             {
@@ -182,40 +200,10 @@ def main() -> None:
             },
             2 if s.instance_sd > 0 else 1,
         )
-        res = [one_level(s, settings, rng) for _ in range(args.sweeps)]
-        cov = [x[0] for x in res]
-        all_cov += cov
-        if s.speedup == 1.0:
-            aa_excl += [x[1] for x in res]
-        rows.append(
-            (
-                s.name,
-                np.mean(cov),
-                np.mean([x[1] for x in res]) if s.speedup == 1.0 else float("nan"),
-                np.mean([x[2] for x in res]),
-                np.mean([x[3] for x in res]),
-                np.mean([x[4] for x in res]),
-            )
-        )
-    designs = {"interleaved rounds": (all_cov, aa_excl)}
-    all_cov, aa_excl = [], []
-    designs["sequential segments"] = (all_cov, aa_excl)
-    for s in SEGMENT_SCENARIOS:
-        res = [one_segmented_level(s, args.target, args.max_instances, rng) for _ in range(args.sweeps)]
-        cov = [x[0] for x in res]
-        all_cov += cov
-        if s.speedup == 1.0:
-            aa_excl += [x[1] for x in res]
-        rows.append(
-            (
-                s.name,
-                np.mean(cov),
-                np.mean([x[1] for x in res]) if s.speedup == 1.0 else float("nan"),
-                np.mean([x[2] for x in res]),
-                np.mean([x[3] for x in res]),
-                float("nan"),
-            )
-        )
+        tally("interleaved rounds", s.name, s.speedup, [one_level(s, settings, rng) for _ in range(args.sweeps)])
+    for g in SEGMENT_SCENARIOS:
+        res = [one_segmented_level(g, args.target, args.max_instances, rng) for _ in range(args.sweeps)]
+        tally("sequential segments", g.name, g.speedup, res)
     print(
         f"{args.sweeps} synthetic sweeps, target +-{args.target:.0%}, min_rounds {args.min_rounds}, "
         f"max_rounds {args.max_rounds}, segments 2-{args.max_instances} instances per arm (interval: analysis.paired; "

@@ -75,6 +75,10 @@ class PlannedSweep:
     def total_s(self) -> float:
         return float(sum(self.measure_s.values()))
 
+    def pair_s(self) -> float:
+        """One instance pair more (a sequential variant): every replicated arm's server start and sweep."""
+        return float(sum(self.measure_s[a] / self.instances for a in self.replicated_arms))
+
     def one_instance_s(self) -> float:
         """What the sweep would cost with one server instance per arm (no replication)."""
         return float(sum(s / self.instances if a in self.replicated_arms else s for a, s in self.measure_s.items()))
@@ -283,8 +287,7 @@ def format_plan(plans: list[PlannedSweep], spec_arms: list[str]) -> str:
                 f"{p.total_s / 60:.1f} min; with one instance {p.one_instance_s() / 60:.1f} min"
             )
         if p.max_instances > p.instances:
-            per_pair = sum(p.measure_s[a] / p.instances for a in p.replicated_arms)
-            most = p.total_s + (p.max_instances - p.instances) * per_pair
+            most = p.total_s + (p.max_instances - p.instances) * p.pair_s()
             lines.append(
                 f"          segment rule: a level whose interval is wider than precision.target gets another "
                 f"instance pair, up to {p.max_instances} per arm (precision.max_instances): at most {most / 60:.1f} "
@@ -430,11 +433,7 @@ class ConfigPlan:
     def _pair_seconds(self) -> list[float]:
         """One more instance pair of a sequential variant: every replicated arm's server start and sweep, on the
         fixed grid (seed 0) and on each plausible profile."""
-        return [
-            sum(p.measure_s[a] / p.instances for a in p.replicated_arms)
-            for p in [self.runs[0][0], *self.plausible]
-            if p.instances > 1
-        ]
+        return [p.pair_s() for p in [self.runs[0][0], *self.plausible] if p.instances > 1]
 
     def _precision_lines(self) -> list[str]:
         """The units and, for a sequential variant, the GPU time a target takes at a measured run's spread; without

@@ -183,7 +183,7 @@ checkpoint segment_need:
         lambda w: segment_cells(w, pairs=w.pairs),
         lambda w: segment_cells(w, "requests.parquet", pairs=w.pairs),
     output:
-        RES / "{variant}" / "segments" / "{level}" / "after-i{pairs}.json",
+        segment_answer("{variant}", "{level}", "{pairs}"),
     log:
         LOGS / "cells" / "{variant}.segments.{level}.i{pairs}.log",
     wildcard_constraints:

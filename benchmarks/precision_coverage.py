@@ -5,8 +5,9 @@ is the true log speedup, plus content noise (which prompts the round drew: varia
 block), plus the host's round-to-round variation (B), plus a linear drift that the A B | B A order turns into
 alternating signs, plus, with two server instances, each instance's own offset. Each round's blocks' noise
 estimate is W / m times a chi-square draw (its block bootstrap's degrees of freedom). The stopping rule
-(`specsweep.analysis.precision.next_step`) and the interval (`specsweep.analysis.paired.paired_rounds`) are the
-pipeline's own; only the measurement is simulated.
+(`specsweep.analysis.precision.next_step`, asked after complete cycles as `measure.interleave.judged_after` says)
+and the interval (`specsweep.analysis.paired.paired_rounds`) are the pipeline's own; only the measurement is
+simulated.
 
 Sequential (GPU) levels under the segment rule, the same way: each arm's block on server instance k is its true
 log value, plus that instance's own offset, plus a linear drift over the segments' order (baseline i1, eagle3 i1,
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 from specsweep.analysis.paired import Rounds, _segments_estimate, paired_rounds  # noqa: E402
 from specsweep.analysis.precision import PrecisionSettings, RoundCost, next_step, segment_step  # noqa: E402
+from specsweep.measure.interleave import judged_after  # noqa: E402
 
 BLOCK_DF = 18  # a round's blocks' noise estimate: two blocks of 10 time blocks each
 
@@ -86,6 +88,8 @@ def one_level(s: Scenario, settings: PrecisionSettings, rng: np.random.Generator
         on.append(k)
         sizes.append(m)
         seconds.append(2 * (s.overhead_s + s.per_request_s * m))
+        if not judged_after(len(d), settings.min_rounds, settings.max_rounds):
+            continue
         rounds = Rounds(np.array(d), np.array(w), BLOCK_DF * len(d), tuple(on))
         pe = paired_rounds(rounds, 2, rng)
         cost = RoundCost(seconds, sizes, 2 * s.overhead_s)

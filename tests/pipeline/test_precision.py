@@ -1,7 +1,7 @@
 """Each interleaved level is measured until its answer is known (`precision:`, analysis/precision.py): at least
-min_rounds rounds, then a round at a time until the paired speedup's 95% half-width is within the target or the
-budget is spent; blocks grow where their own noise dominates. The analysis reports what each level reached,
-and never a level short of its target as if it met it."""
+min_rounds rounds, then rounds until the paired speedup's 95% half-width is within the target (judged after
+complete A B | B A cycles) or the budget is spent; blocks grow where their own noise dominates. The analysis
+reports what each level reached, and never a level short of its target as if it met it."""
 
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         assert len(summary["pairing"]["blocks"]) == 2 * n  # both arms, every round
         sizes = log["block_requests"]
         assert len(sizes) == n and sizes == sorted(sizes), sizes  # blocks only grow
+        # judged after complete A B | B A cycles: both rounds of a cycle have one block size, and a level stops on
+        # its target after an even number of rounds only
+        assert all(sizes[i] == sizes[i + 1] for i in range(0, n - 1, 2)), sizes
+        assert not log["decisions"][-1].startswith("target met") or n % 2 == 0, log
+        assert all(x.endswith("judged after complete cycles (A B | B A)") for x in log["decisions"][2:-1:2]), log
         assert max(sizes) <= 64  # never past workload.requests.max
         assert len(log["decisions"]) == n and log["decisions"][-1].split(":")[0] in ("target met", "budget spent")
         # each round sent the requests its block size says (the ramp's rows are not measured)

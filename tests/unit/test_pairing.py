@@ -179,7 +179,11 @@ def test_instances_that_agree_pool_their_rounds() -> None:
     so a second instance costs no width where the instances agree."""
     order = block_order(["base", "spec"], 6)
     base = boot({r: 100.0 * w for r, w in enumerate([1.0, 1.02, 0.98, 1.0, 1.02, 0.98])})
-    spec = boot({r: 150.0 * w for r, w in enumerate([0.98, 1.0, 1.02, 1.02, 0.98, 1.0])})
+    # each round's log ratio 0.02, -0.02, 0.02, -0.02, 0, 0: instance 1 (rounds 0, 3, 4) and instance 2 (1, 2, 5)
+    # alike in mean and spread
+    d = [0.02, -0.02, 0.02, -0.02, 0.0, 0.0]
+    weights = [1.0, 1.02, 0.98, 1.0, 1.02, 0.98]
+    spec = boot({r: 150.0 * w * math.exp(x) for r, (w, x) in enumerate(zip(weights, d, strict=True))})
     args = (base, spec, "aggregate_tok_s", True, 4000, np.random.default_rng(1))
     pe = paired_estimate(cell("base", "p", order, 2), cell("spec", "p", order, 2), *args)
     assert pe is not None and pe.unit == "instance" and pe.instance_effect is False and pe.df == 5

@@ -17,6 +17,7 @@ from specsweep.analysis.precision import (
     next_step,
     precision_notes,
 )
+from specsweep.measure.interleave import judged_after
 
 
 def settings(**kw: object) -> PrecisionSettings:
@@ -38,6 +39,14 @@ def estimate(r: Rounds):  # noqa: ANN201
     return pe
 
 
+def test_levels_are_judged_after_complete_cycles_and_at_their_budget() -> None:
+    # min_rounds 3, max_rounds 9: the first look after the cycle that completes round 4, none mid-cycle, the last
+    # at the budget even where it ends a cycle half-way
+    assert [n for n in range(1, 10) if judged_after(n, 3, 9)] == [4, 6, 8, 9]
+    assert [n for n in range(1, 7) if judged_after(n, 4, 6)] == [4, 6]
+    assert judged_after(3, 3, 3)  # min_rounds = max_rounds: the budget is the one look
+
+
 def test_no_stop_before_min_rounds_even_when_narrow() -> None:
     r = rounds([0.5, 0.5001], 1e-8)
     assert not next_step(estimate(r), settings(), cost(2), 1, 4).stop
@@ -57,12 +66,14 @@ def test_a_wide_level_goes_on_then_spends_its_rounds() -> None:
     assert nxt.stop and nxt.reason.startswith(BUDGET_SPENT) and "max_rounds" in nxt.reason
 
 
-def test_no_round_starts_that_would_end_past_the_seconds_budget() -> None:
-    r = rounds([0.3, 0.6, 0.45], 1e-4)
-    spent = cost(3)  # 3 rounds of 3 s each: a fourth would end at 12 s
-    nxt = next_step(estimate(r), settings(max_level_s=11.0), spent, 1, 4)
+def test_no_cycle_starts_that_would_end_past_the_seconds_budget() -> None:
+    r = rounds([0.3, 0.6, 0.45, 0.5], 1e-4)
+    spent = cost(4)  # 4 rounds of 3 s each: the next cycle's two would end at 18 s
+    nxt = next_step(estimate(r), settings(max_level_s=17.0), spent, 1, 4)
     assert nxt.stop and "max_level_s" in nxt.reason
-    assert not next_step(estimate(r), settings(max_level_s=13.0), spent, 1, 4).stop
+    assert not next_step(estimate(r), settings(max_level_s=19.0), spent, 1, 4).stop
+    # one round left before max_rounds: only that one has to fit
+    assert not next_step(estimate(r), settings(max_level_s=16.0, max_rounds=5), spent, 1, 4).stop
 
 
 def test_without_a_target_the_level_measures_its_min_rounds() -> None:

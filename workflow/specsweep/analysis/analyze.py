@@ -744,7 +744,7 @@ def analyze_arm(
         within_only = counts == [1]
         interval_note = (
             f"interleaved arms on {'/'.join(map(str, counts))} server instances per arm: the speedup the mean "
-            "of the instances' paired rounds; where the rounds show an instance effect (F test, 25%), the interval "
+            "of the instances' paired rounds; where the rounds show an instance effect (F test, 50%), the interval "
             "is a t over the instances"
             + (
                 f" (at {sym}={levels_text(effect)}: more instances narrow it)"

@@ -6,7 +6,8 @@ paired speedup came out (crossover.json, the table, MLflow). Both read the same 
 
 The rule is a fixed-width sequential interval (Chow and Robbins, 1965): after `min_rounds` rounds (at least 3,
 so the rounds' own spread enters the interval), rounds are added until the paired t interval's relative
-half-width is at most the target, or the level's budget (rounds, seconds) is spent. The stop depends on the
+half-width is at most the target, judged after complete A B | B A cycles (`measure.interleave.judged_after`),
+or the level's budget (rounds, seconds) is spent. The stop depends on the
 interval's width only, never on where the estimate lies, and the width rests on at least min_rounds - 1 degrees
 of freedom: `benchmarks/precision_coverage.py` measures its coverage on synthetic sweeps with a known speedup.
 
@@ -34,7 +35,7 @@ from scipy import stats as sps
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
-from specsweep.measure.interleave import BUDGET_SPENT, LevelProgress, least_rounds
+from specsweep.measure.interleave import BUDGET_SPENT, CYCLE_ROUNDS, LevelProgress, least_rounds
 from specsweep.measure.segments import merged_level
 from specsweep.records import SegmentDecision
 
@@ -293,8 +294,9 @@ def stop_width(pe: PairedEstimate, confidence: float) -> float:
 def next_step(
     pe: PairedEstimate | None, settings: PrecisionSettings, cost: RoundCost, growth: int, max_growth: int
 ) -> Next:
-    """After a round: stop when the target is met (after min_rounds) or the budget is spent, else the next
-    round's block size. A level without a target measures min_rounds rounds (`repeats`)."""
+    """At a look (after a complete cycle, `judged_after`): stop when the target is met (after min_rounds) or the
+    budget is spent (max_rounds, or the next cycle would end past max_level_s), else the next cycle's block
+    size. A level without a target measures min_rounds rounds (`repeats`)."""
     n = len(cost.seconds)
     if n < settings.min_rounds:
         return Next(False, "fewer than min_rounds", growth)
@@ -313,7 +315,8 @@ def next_step(
             nxt = budgeted_growth(pe, comp, cost, growth, largest, settings) or nxt
         per_request_s = (cost.seconds[-1] - cost.overhead_s) / cost.requests[-1]
         next_s = cost.overhead_s + per_request_s * cost.requests[-1] * nxt / growth
-        if sum(cost.seconds) + next_s > settings.max_level_s:
+        ahead = min(CYCLE_ROUNDS, settings.max_rounds - n)  # the next look is after a whole cycle
+        if sum(cost.seconds) + ahead * next_s > settings.max_level_s:
             return Next(True, f"{BUDGET_SPENT} max_level_s {settings.max_level_s:g}", growth)
     return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
 
@@ -339,9 +342,9 @@ RULE_REPLICATES = 1000  # the blocks' bootstrap inside the rule (the analysis re
 
 
 class LevelRule:
-    """The stopping rule as `measure/interleave.py` asks it: after each round, the paired interval of the level's
-    throughput (the reference arm against each other arm, the widest deciding) from the records so far, by the
-    same bootstrap and paired t as the analysis (`paired_estimates`)."""
+    """The stopping rule as `measure/interleave.py` asks it: after each complete cycle, the paired interval of the
+    level's throughput (the reference arm against each other arm, the widest deciding) from the records so far,
+    by the same bootstrap and paired t as the analysis (`paired_estimates`)."""
 
     def __init__(self, settings: PrecisionSettings, metric: str = THROUGHPUT) -> None:
         self.settings = settings

@@ -375,8 +375,10 @@ async def measure_level(
             if isinstance(stream, FastPool):
                 await stream.prewarm(spec.url, min(concurrency, OPEN_PREWARM) if plans is not None else concurrency)
                 stream.stats.reset()
-            gc.collect()
-            gc.freeze()  # long-lived objects out of the collector's way: no multi-ms pauses mid-level
+            # the young generations only (a full collection of this process's heap took 50-80 ms per block); then
+            # every object alive moves out of the collector's way: no multi-ms pauses mid-level
+            gc.collect(1)
+            gc.freeze()
             monitor = LoopLagMonitor(lag_interval_s).start()
             host0 = host_snapshot(watch_cpus, server_pid)
             gpus = None

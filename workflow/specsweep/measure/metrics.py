@@ -222,12 +222,16 @@ def reissue_delays(df: pd.DataFrame) -> np.ndarray:
     """
     if "slot" not in df or df.empty:
         return np.empty(0)
-    out = []
     keys = ["repeat", "slot"] if "repeat" in df else ["slot"]  # repeats have clocks of their own
-    for _, g in df[df["slot"] >= 0].groupby(keys):
-        g = g.sort_values("send_s")
-        out.append(g["send_s"].to_numpy(dtype=float)[1:] - g["end_s"].to_numpy(dtype=float)[:-1])
-    a = np.concatenate(out) if out else np.empty(0)
+    ordered = df[df["slot"] >= 0].sort_values([*keys, "send_s"], kind="stable")  # one sort, not one per slot
+    if len(ordered) < 2:
+        return np.empty(0)
+    same_slot = np.ones(len(ordered) - 1, dtype=bool)
+    for k in keys:
+        col = ordered[k].to_numpy()
+        same_slot &= col[1:] == col[:-1]
+    send, end = ordered["send_s"].to_numpy(dtype=float), ordered["end_s"].to_numpy(dtype=float)
+    a = (send[1:] - end[:-1])[same_slot]
     return a[np.isfinite(a)]
 
 

@@ -24,7 +24,7 @@ from specsweep.config import (
 )
 from specsweep.measure.gates import block_drift_gate
 from specsweep.measure.heal import transient_only
-from specsweep.measure.interleave import block_order, check_specs, out_dirs, round_instances, slot_of
+from specsweep.measure.interleave import block_order, centred, check_specs, out_dirs, round_instances, slot_of
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +32,17 @@ pytestmark = pytest.mark.unit
 def test_block_order_is_counterbalanced() -> None:
     assert block_order(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
     assert block_order(["a", "b", "c"], 2) == [["a", "b", "c"], ["c", "b", "a"]]
+
+
+def test_every_arm_is_measured_next_to_the_reference() -> None:
+    """The reference (listed first) sits in the middle: each other arm's block is its neighbour in every round
+    (with 4 arms, all but one), and the order still reverses round by round."""
+    assert centred(["base", "spec"]) == ["base", "spec"]
+    assert centred(["base", "k1", "k3"]) == ["k1", "base", "k3"]
+    assert centred(["base", "k1", "k2", "k3"]) == ["k1", "base", "k2", "k3"]
+    for r, order in enumerate(block_order(centred(["base", "k1", "k3"]), 4)):
+        for arm in ("k1", "k3"):
+            assert abs(order.index(arm) - order.index("base")) == 1, (r, order)
 
 
 def test_rounds_go_through_the_instances_counterbalanced() -> None:

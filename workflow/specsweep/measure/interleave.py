@@ -55,6 +55,16 @@ from specsweep.measure.summary import judged, write_cell
 from specsweep.serving import servers
 
 
+def centred(arms: list[str]) -> list[str]:
+    """The arms with the first (the reference) moved to the middle: with three or more arms every other arm's
+    block then sits next to the reference's in each round. Why: the host's speed wanders, and two blocks two
+    places apart differ more than neighbours (6-s blocks on this 2-vCPU VM: a 4.0% SD of the host's speed
+    between neighbours, 5.6% two places apart), and that difference is in the round's ratio."""
+    ref, *others = arms
+    mid = (len(arms) - 1) // 2
+    return [*others[:mid], ref, *others[mid:]]
+
+
 def block_order(arms: list[str], rounds: int) -> list[list[str]]:
     """The arms' order in each round: as given in even rounds, reversed in odd ones (A B | B A | A B ...), so
     every arm sits as often before as after the others and a linear drift cancels over two rounds."""
@@ -227,7 +237,7 @@ async def _measure_blocks(
         k = round_instances(r + 1, instances)[r]
         n = inputs[arms[0]].n_requests * growth
         started_round, overhead = time.monotonic(), 0.0
-        for arm in block_order(arms, r + 1)[r]:
+        for arm in block_order(centred(arms), r + 1)[r]:
             measured = slot_of(arm, k, instances)
             for slot, rec in recs.items():
                 if slot != measured:
@@ -359,7 +369,7 @@ def _measure_once(
         with pinned(first.plan.client):
             m = asyncio.run(_measure_blocks(cells, recs, rounds, instances, concurrency, pairing))
     n_rounds = len({b["repeat"] for b in m.blocks})
-    pairing = {**pairing, "order": block_order(list(cells), n_rounds), "blocks": m.blocks}
+    pairing = {**pairing, "order": block_order(centred(list(cells)), n_rounds), "blocks": m.blocks}
     if instances > 1:
         pairing["instances"] = instances
     if m.precision is not None:

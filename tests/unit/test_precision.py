@@ -109,6 +109,24 @@ def test_components_split_the_rounds_variance() -> None:
     assert comp is not None and comp.between_instance == pytest.approx(0.005, rel=0.2)
 
 
+def test_the_reference_arms_own_spread_is_split_from_its_noise() -> None:
+    """The baseline serves the same work every round: its log values' spread beyond its blocks' noise is time
+    (the host, the engine), estimated within server instances (an instance's own speed is not time)."""
+    rng = np.random.default_rng(5)
+    time_var, noise = 0.006, 0.001
+    ref = rng.normal(9.0, math.sqrt(time_var + noise), size=4000)
+    d = rng.normal(0.3, 0.05, size=4000)
+    r = Rounds(d, np.full(d.size, 2 * noise), 36 * d.size, (1,) * d.size, ref, np.full(d.size, noise))
+    comp = components(r)
+    assert comp is not None and comp.reference_between == pytest.approx(time_var, rel=0.1)
+    on = tuple(1 + (i % 2) for i in range(4000))
+    shifted = ref + np.where(np.array(on) == 1, 0.2, -0.2)  # two instances 40% apart: not time
+    r = Rounds(d, np.full(d.size, 2 * noise), 36 * d.size, on, shifted, np.full(d.size, noise))
+    comp = components(r)
+    assert comp is not None and comp.reference_between == pytest.approx(time_var, rel=0.1)
+    assert components(rounds([0.3, 0.5, 0.4], 1e-4)).reference_between is None  # not known: None, not 0
+
+
 def test_notes_never_show_a_short_level_as_met() -> None:
     def row(c: float, hw: float, met: bool, spent: bool) -> dict:
         p = {"target": 0.05, "half_width": hw, "met": met, "budget_spent": spent, "rounds": 3}
@@ -116,7 +134,11 @@ def test_notes_never_show_a_short_level_as_met() -> None:
 
     notes = precision_notes([row(1, 0.03, True, False), row(4, 0.08, False, True)], "C")
     assert len(notes) == 1 and "C=4 short of its target +-5%: +-8.0% after 3 rounds (its budget spent)" in notes[0]
-    assert "9 rounds" in notes[0]
+    assert "9 rounds" in notes[0] and "varied" not in notes[0]  # the components unknown: nothing said of them
+    short = row(4, 0.08, False, True)
+    short["precision"].update(between_round_var=0.12**2, reference_between_round_var=0.1**2)
+    (note,) = precision_notes([short], "C")
+    assert "the rounds' ratio varied 12% (SD), the baseline alone 10% (the same work" in note, note
     assert precision_notes([row(1, 0.03, True, False)], "C") == ["precision: every level within its target (+-5%, 95%)"]
     assert (
         precision_notes(

@@ -58,6 +58,11 @@ class Rounds:
     within: np.ndarray  # each round's d variance from its two blocks' own sampling noise (NaN: unknown)
     within_df: int  # degrees of freedom of the blocks' noise estimates, summed
     instance: tuple[int, ...]  # the server instance each round ran on (all 1 without instances)
+    # the reference arm's own blocks: each round's log value and its sampling noise (None: not known). The
+    # reference is the same configuration every round, so its spread beyond its noise is time: the host, the
+    # engine's state, a drift (`precision.components`)
+    reference: np.ndarray | None = None
+    reference_within: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,10 @@ def paired_estimate(
     within = np.array([bvar[r][0] + ovar[r][0] if r in bvar and r in ovar else np.nan for r in rounds])
     within_df = sum(bvar[r][1] + ovar[r][1] for r in rounds if r in bvar and r in ovar)
     on = round_instance(pairing["blocks"], base.arm)
-    return paired_rounds(Rounds(d, within, int(within_df), tuple(on.get(r, 1) for r in rounds)), n_boot, rng)
+    reference = np.array([math.log(bv[r]) for r in rounds])
+    reference_within = np.array([bvar[r][0] if r in bvar else np.nan for r in rounds])
+    instances = tuple(on.get(r, 1) for r in rounds)
+    return paired_rounds(Rounds(d, within, int(within_df), instances, reference, reference_within), n_boot, rng)
 
 
 def _segments_estimate(

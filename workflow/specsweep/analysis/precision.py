@@ -71,6 +71,9 @@ class Components:
     within: float
     between_round: float
     between_instance: float | None  # None: one instance
+    # the reference arm's own log value across rounds beyond its blocks' noise: the time between blocks (host,
+    # engine), seen in the one arm whose configuration and content do not change from round to round
+    reference_between: float | None = None
 
 
 def components(rounds: Rounds) -> Components | None:
@@ -81,16 +84,30 @@ def components(rounds: Rounds) -> Components | None:
     if d.size < 2 or not np.all(np.isfinite(w)):
         return None
     within = float(np.mean(w))
+    reference = _reference_between(rounds)
     groups = [d[[i for i, k in enumerate(rounds.instance) if k == inst]] for inst in sorted(set(rounds.instance))]
     resid_df = d.size - len(groups)
     if len(groups) == 1:
-        return Components(within, max(0.0, float(np.var(d, ddof=1)) - within), None)
+        return Components(within, max(0.0, float(np.var(d, ddof=1)) - within), None, reference)
     ms_within = float(sum(((g - g.mean()) ** 2).sum() for g in groups)) / resid_df if resid_df > 0 else float("nan")
     n0 = d.size / len(groups)
     ms_between = float(sum(g.size * (g.mean() - d.mean()) ** 2 for g in groups)) / (len(groups) - 1)
     between_round = max(0.0, ms_within - within) if math.isfinite(ms_within) else 0.0
     between_instance = max(0.0, (ms_between - (ms_within if math.isfinite(ms_within) else 0.0)) / n0)
-    return Components(within, between_round, between_instance)
+    return Components(within, between_round, between_instance, reference)
+
+
+def _reference_between(rounds: Rounds) -> float | None:
+    """The reference arm's round-to-round variance beyond its blocks' own noise (within server instances)."""
+    ref, noise = rounds.reference, rounds.reference_within
+    if ref is None or noise is None or ref.size < 2 or not np.all(np.isfinite(noise)):
+        return None
+    groups = [ref[[i for i, k in enumerate(rounds.instance) if k == inst]] for inst in sorted(set(rounds.instance))]
+    resid_df = ref.size - len(groups)
+    if resid_df < 1:
+        return None
+    spread = float(sum(((g - g.mean()) ** 2).sum() for g in groups)) / resid_df
+    return max(0.0, spread - float(np.mean(noise)))
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,7 @@ class LevelPrecision:
             "within_round_var": c.within if c else None,
             "between_round_var": c.between_round if c else None,
             "between_instance_var": c.between_instance if c else None,
+            "reference_between_round_var": c.reference_between if c else None,
             "rounds_for_target": self.rounds_for_target,
             "unit": self.unit,
         }
@@ -428,6 +446,19 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
         need = f"; its variance implies {p['rounds_for_target']} {units}" if p["rounds_for_target"] else ""
         notes.append(
             f"precision: {symbol}={c:g} short of its target +-{p['target']:.0%}: {hw} after {p['rounds']} {units} "
-            f"({why}){need}"
+            f"({why}){need}{_time_spread(p)}"
         )
     return notes
+
+
+def _time_spread(p: dict[str, Any]) -> str:
+    """Where a short level's spread came from: the rounds' ratio beyond the blocks' noise beside the baseline's
+    own blocks beyond theirs. The baseline serves the same work every round, so its spread is time (the host,
+    the engine's state), which only more rounds or a quieter machine shrink; empty where either is unknown."""
+    ratio, reference = p.get("between_round_var"), p.get("reference_between_round_var")
+    if ratio is None or reference is None:
+        return ""
+    return (
+        f"; beyond the blocks' noise the rounds' ratio varied {math.sqrt(ratio):.0%} (SD), the baseline alone "
+        f"{math.sqrt(reference):.0%} (the same work every round: time, the host's or the engine's)"
+    )

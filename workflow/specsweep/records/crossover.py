@@ -27,6 +27,9 @@ class LevelPrecision(Record):
     within_round_var: float | None = Field(description="the blocks' own noise (prompts drawn, requests' spread)")
     between_round_var: float | None = Field(description="the rounds' spread beyond it (the host over time)")
     between_instance_var: float | None = Field(description="the server instances' own (null: one instance)")
+    reference_between_round_var: float | None = Field(
+        None, description="the baseline's own log value across rounds beyond its blocks' noise: time (host, engine)"
+    )
     rounds_for_target: int | None = Field(description="rounds (or instances per arm) its variance implies")
     unit: Literal["round", "instance"] = Field(
         "round", description="round (interleaved) or instance (sequential segments, precision.max_instances)"

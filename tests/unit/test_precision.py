@@ -136,9 +136,12 @@ def test_notes_never_show_a_short_level_as_met() -> None:
     assert len(notes) == 1 and "C=4 short of its target +-5%: +-8.0% after 3 rounds (its budget spent)" in notes[0]
     assert "9 rounds" in notes[0] and "varied" not in notes[0]  # the components unknown: nothing said of them
     short = row(4, 0.08, False, True)
-    short["precision"].update(between_round_var=0.12**2, reference_between_round_var=0.1**2)
+    short["precision"].update(within_round_var=0.05**2, between_round_var=0.12**2, reference_between_round_var=0.1**2)
     (note,) = precision_notes([short], "C")
     assert "the rounds' ratio varied 12% (SD), the baseline alone 10% (the same work" in note, note
+    short["precision"].update(within_round_var=0.15**2)  # the blocks' noise dominates: the prompts, not time
+    (note,) = precision_notes([short], "C")
+    assert "mostly within their blocks" in note and "the baseline alone 10%" in note, note
     assert precision_notes([row(1, 0.03, True, False)], "C") == ["precision: every level within its target (+-5%, 95%)"]
     assert (
         precision_notes(

@@ -452,13 +452,19 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
 
 
 def _time_spread(p: dict[str, Any]) -> str:
-    """Where a short level's spread came from: the rounds' ratio beyond the blocks' noise beside the baseline's
-    own blocks beyond theirs. The baseline serves the same work every round, so its spread is time (the host,
-    the engine's state), which only more rounds or a quieter machine shrink; empty where either is unknown."""
-    ratio, reference = p.get("between_round_var"), p.get("reference_between_round_var")
-    if ratio is None or reference is None:
+    """Where a short level's spread came from: within its blocks (what larger blocks average: the prompts drawn,
+    the requests), or the rounds' ratio beyond that; beside it the baseline's own blocks beyond their noise. The
+    baseline serves the same work every round, so its spread is time (the host, the engine's state), which only
+    more rounds or a quieter machine shrink. Empty where the components are unknown."""
+    within, ratio = p.get("within_round_var"), p.get("between_round_var")
+    reference = p.get("reference_between_round_var")
+    if within is None or ratio is None:
         return ""
-    return (
-        f"; beyond the blocks' noise the rounds' ratio varied {math.sqrt(ratio):.0%} (SD), the baseline alone "
-        f"{math.sqrt(reference):.0%} (the same work every round: time, the host's or the engine's)"
-    )
+    if ratio <= within:
+        said = "; its rounds' spread is mostly within their blocks (what larger blocks average)"
+    else:
+        said = f"; beyond the blocks' noise the rounds' ratio varied {math.sqrt(ratio):.0%} (SD)"
+    if reference is None:
+        return said
+    alone = math.sqrt(reference)
+    return f"{said}, the baseline alone {alone:.0%} (the same work every round: time, the host's or the engine's)"

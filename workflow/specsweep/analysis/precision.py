@@ -85,7 +85,7 @@ def components(rounds: Rounds) -> Components | None:
         return None
     within = float(np.mean(w))
     reference = _reference_between(rounds)
-    groups = [d[[i for i, k in enumerate(rounds.instance) if k == inst]] for inst in sorted(set(rounds.instance))]
+    groups = _by_instance(d, rounds.instance)
     resid_df = d.size - len(groups)
     if len(groups) == 1:
         return Components(within, max(0.0, float(np.var(d, ddof=1)) - within), None, reference)
@@ -97,12 +97,17 @@ def components(rounds: Rounds) -> Components | None:
     return Components(within, between_round, between_instance, reference)
 
 
+def _by_instance(values: np.ndarray, instance: tuple[int, ...]) -> list[np.ndarray]:
+    """The rounds' values grouped by the server instance each ran on."""
+    return [values[[i for i, k in enumerate(instance) if k == inst]] for inst in sorted(set(instance))]
+
+
 def _reference_between(rounds: Rounds) -> float | None:
     """The reference arm's round-to-round variance beyond its blocks' own noise (within server instances)."""
     ref, noise = rounds.reference, rounds.reference_within
     if ref is None or noise is None or ref.size < 2 or not np.all(np.isfinite(noise)):
         return None
-    groups = [ref[[i for i, k in enumerate(rounds.instance) if k == inst]] for inst in sorted(set(rounds.instance))]
+    groups = _by_instance(ref, rounds.instance)
     resid_df = ref.size - len(groups)
     if resid_df < 1:
         return None

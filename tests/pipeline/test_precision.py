@@ -78,6 +78,7 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         if not p["met"]:  # said, never shown as met
             assert any(f"C={row['concurrency']:g} short of its target" in x for x in notes), notes
         assert p["within_round_var"] is not None and p["between_round_var"] is not None
+        assert p["reference_between_round_var"] is not None and p["reference_between_round_var"] >= 0, p
     if all(r["precision"]["met"] for r in arm["per_level"]):
         assert any("every level within its target" in x for x in notes), notes
     # the printed table has each level's rounds and half-width

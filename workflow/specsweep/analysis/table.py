@@ -28,10 +28,14 @@ def _crossover_line(name: str, ar: dict[str, Any], load: str = "closed") -> str:
         sm = ar["smallest_margin"]
         inconclusive = (ar.get("verdict") or {}).get("kind") == "inconclusive"
         where = f"level measured validly ({sym}={levels_text(ar['levels'])})" if inconclusive else "level"
-        return (
+        line = (
             f"{name}: no crossing: {ar['winner']} wins at every {where}; smallest margin "
             f"{_fmt(sm['speedup'])} [{_fmt(sm['lo'])}, {_fmt(sm['hi'])}] at {sym}={_fmt(sm['concurrency'])}"
         )
+        if x["states"]["lo"] == "within":  # the point estimates do not cross, but the interval may
+            interval = crossover_text(x, sym)
+            line += f"; its crossover interval {interval} reaches into the levels (policies stop at its lower end)"
+        return line
     parts = [
         f"{sym}={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]
     ]

@@ -130,9 +130,8 @@ def launch_env(env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool, py
       cores by itself and leaves one for its scheduler process, which may be the client's;
     - on the CPU build, LD_PRELOAD of Intel OpenMP where the environment has it (`lib/libiomp5.so` beside
       `python`'s `bin/`; the vLLM CPU wheel depends on intel-openmp), as vLLM's CPU installation guide says
-      ("set LD_PRELOAD"; its worker warns that speculative decoding without it loses speed). Measured on the
-      example's 2-core VM at C=64: the same mean throughput, and blocks of the same work that varied 13% (SD)
-      from block to block with the GNU OpenMP vLLM loads by itself varied 4% (docs/analysis.md).
+      ("set LD_PRELOAD"; its worker warns that speculative decoding without it loses speed), instead of the GNU
+      OpenMP vLLM preloads by itself. The engine's set-up, not a cure for noise: docs/engines.md has the figures.
     """
     out = {"VLLM_SERVER_DEV_MODE": "1", **env}
     if cpus and not gpus:

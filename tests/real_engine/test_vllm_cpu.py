@@ -231,7 +231,6 @@ def test_every_cell_valid_and_isolated(run_dir: Path) -> None:
             ), s["cpus"]
             assert s["server"]["cpus"], s["server"]  # the whole vLLM tree pinned
             assert s["server"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == s["cpus"]["server"]
-            assert s["server"]["env"]["LD_PRELOAD"].endswith("/lib/libiomp5.so"), s["server"]["env"]  # vLLM's guide
             for rep in s["repeats"]:
                 assert rep["cache_reset"] == "reset", (arm, c, rep["cache_reset"])
                 cache = rep["metrics"]["prefix_cache"]

@@ -185,22 +185,6 @@ def test_vllm_launch_env_enables_reset_and_binds_omp_threads() -> None:
     assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu.env
 
 
-def test_vllm_cpu_build_preloads_the_environments_intel_openmp(tmp_path) -> None:
-    # vLLM's CPU guide: LD_PRELOAD Intel OpenMP (its wheel installs it into the environment's lib/)
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "lib").mkdir()
-    python = str(tmp_path / "bin" / "python")
-    engine = vllm_mod.VLLMEngine()
-    assert "LD_PRELOAD" not in engine.server_spec({"model": "/m", "cpus": "0"}, "b", {}, "h", 5, python).env
-    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
-    cpu = engine.server_spec({"model": "/m", "cpus": "0"}, "b", {}, "h", 5, python)
-    assert cpu.env["LD_PRELOAD"] == str(tmp_path / "lib" / "libiomp5.so")
-    own = {"model": "/m", "cpus": "0", "env_vars": {"LD_PRELOAD": "/x/libtcmalloc.so"}}
-    assert engine.server_spec(own, "b", {}, "h", 5, python).env["LD_PRELOAD"] == "/x/libtcmalloc.so"  # the user's
-    gpu = engine.server_spec({"model": "/m", "cpus": "0", "gpus": "0"}, "b", {}, "h", 5, python)
-    assert "LD_PRELOAD" not in gpu.env
-
-
 def test_accept_length_from_deltas() -> None:
     before = {"num_drafts": 100.0, "num_accepted_tokens": 150.0, "num_draft_tokens": 300.0}
     after = {"num_drafts": 200.0, "num_accepted_tokens": 350.0, "num_draft_tokens": 600.0}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -85,7 +84,7 @@ class VLLMEngine:
             "openai",
             speculation=vllm_args,
         )
-        spec = dataclasses.replace(spec, env=launch_env(spec.env, spec.cpus, bool(variant.get("gpus")), python))
+        spec = dataclasses.replace(spec, env=launch_env(spec.env, spec.cpus, bool(variant.get("gpus"))))
         self._spec_config[spec.base_url] = speculative_config_from_argv(spec.argv)
         return spec
 
@@ -122,23 +121,16 @@ class VLLMEngine:
         return await post_reset_prefix_cache(session, base_url, auth_headers(self.api_key_env))
 
 
-def launch_env(env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool, python: str = "") -> dict[str, str]:
+def launch_env(env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool) -> dict[str, str]:
     """The server's environment with what specsweep needs of vLLM, unless the config sets it already:
 
     - VLLM_SERVER_DEV_MODE=1, so `POST /reset_prefix_cache` exists and each repeat starts with a cold cache;
     - on the CPU build with a CPU set, VLLM_CPU_OMP_THREADS_BIND to that set: vLLM's automatic binding picks
-      cores by itself and leaves one for its scheduler process, which may be the client's;
-    - on the CPU build, LD_PRELOAD of Intel OpenMP where the environment has it (`lib/libiomp5.so` beside
-      `python`'s `bin/`; the vLLM CPU wheel depends on intel-openmp), as vLLM's CPU installation guide says
-      ("set LD_PRELOAD"; its worker warns that speculative decoding without it loses speed), instead of the GNU
-      OpenMP vLLM preloads by itself. The engine's set-up, not a cure for noise: docs/engines.md has the figures.
+      cores by itself and leaves one for its scheduler process, which may be the client's.
     """
     out = {"VLLM_SERVER_DEV_MODE": "1", **env}
     if cpus and not gpus:
         out.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpus(cpus) or "auto")
-    iomp = Path(python).parent.parent / "lib" / "libiomp5.so" if python else None
-    if not gpus and iomp is not None and iomp.is_file():
-        out.setdefault("LD_PRELOAD", str(iomp))
     return out
 
 

@@ -28,7 +28,8 @@ def test_no_crossing_whose_interval_reaches_in_says_how_far_it_pays() -> None:
     line = _crossover_line("ngram-k1", _arm("within", 61.6))
     assert "no crossing: ngram-k1 wins at every level" in line
     assert line.endswith(
-        "its crossover interval C=>64 [61.6, >64] reaches into the levels (policies stop at its lower end)"
+        "its crossover interval C=>64 [61.6, >64] reaches into the levels "
+        "(the crossover_lower policy rule stops at its lower end)"
     )
 
 

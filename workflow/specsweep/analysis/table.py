@@ -34,7 +34,10 @@ def _crossover_line(name: str, ar: dict[str, Any], load: str = "closed") -> str:
         )
         if x["states"]["lo"] == "within":  # the point estimates do not cross, but the interval may
             interval = crossover_text(x, sym)
-            line += f"; its crossover interval {interval} reaches into the levels (policies stop at its lower end)"
+            line += (
+                f"; its crossover interval {interval} reaches into the levels "
+                "(the crossover_lower policy rule stops at its lower end)"
+            )
         return line
     parts = [
         f"{sym}={_fmt(c['concurrency'])} ({c['direction']}) [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" for c in ar["crossings"]

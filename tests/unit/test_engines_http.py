@@ -185,26 +185,6 @@ def test_vllm_launch_env_enables_reset_and_binds_omp_threads() -> None:
     assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu.env
 
 
-def test_vllm_on_one_cpu_runs_the_model_in_the_engine_core_process() -> None:
-    """One CPU: the in-process executor, and the variable without which the CPU build would replace it."""
-
-    def spec(variant: dict[str, Any]) -> Any:
-        return vllm_mod.VLLMEngine().server_spec({"model": "/m", **variant}, "baseline", {}, "127.0.0.1", 5, "py")
-
-    one = spec({"cpus": "0"})
-    assert one.argv[-2:] == ["--distributed-executor-backend", "uni"]
-    assert one.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    for more in (spec({"cpus": "0-2"}), spec({"cpus": "0", "gpus": "0"}), spec({})):
-        assert vllm_mod.executor(more.argv) is None and "VLLM_ENABLE_V1_MULTIPROCESSING" not in more.env
-    # the config's own executor wins, in either form, and keeps vLLM's multiprocessing
-    for args in (["--distributed-executor-backend", "mp"], ["--distributed_executor_backend=mp"]):
-        own = spec({"cpus": "0", "server_args": args})
-        assert vllm_mod.executor(own.argv) == "mp" and own.argv.count(args[0]) == 1
-        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in own.env
-    mine = spec({"cpus": "0", "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}})
-    assert mine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
-
-
 def test_accept_length_from_deltas() -> None:
     before = {"num_drafts": 100.0, "num_accepted_tokens": 150.0, "num_draft_tokens": 300.0}
     after = {"num_drafts": 200.0, "num_accepted_tokens": 350.0, "num_draft_tokens": 600.0}

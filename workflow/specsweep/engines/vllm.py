@@ -84,9 +84,7 @@ class VLLMEngine:
             "openai",
             speculation=vllm_args,
         )
-        gpus = bool(variant.get("gpus"))
-        argv = launch_args(spec.argv, spec.cpus, gpus)
-        spec = dataclasses.replace(spec, argv=argv, env=launch_env(spec.env, spec.cpus, gpus, executor(argv)))
+        spec = dataclasses.replace(spec, env=launch_env(spec.env, spec.cpus, bool(variant.get("gpus"))))
         self._spec_config[spec.base_url] = speculative_config_from_argv(spec.argv)
         return spec
 
@@ -123,51 +121,16 @@ class VLLMEngine:
         return await post_reset_prefix_cache(session, base_url, auth_headers(self.api_key_env))
 
 
-EXECUTOR_FLAGS = ("--distributed-executor-backend", "--distributed_executor_backend")
-
-
-def executor(argv: list[str]) -> str | None:
-    """The command's `--distributed-executor-backend` (either form), None where it names none."""
-    for i, a in enumerate(argv):
-        flag, eq, value = a.partition("=")
-        if flag in EXECUTOR_FLAGS:
-            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
-
-
-def one_core(cpus: tuple[int, ...] | None, gpus: bool) -> bool:
-    """The CPU build pinned to a single CPU: its engine core and a worker process would share that core."""
-    return not gpus and cpus is not None and len(cpus) == 1
-
-
-def launch_args(argv: list[str], cpus: tuple[int, ...] | None, gpus: bool) -> list[str]:
-    """On the CPU build pinned to one CPU, the model runs in the engine-core process
-    (`--distributed-executor-backend uni`, unless the config names an executor). vLLM's CPU build otherwise
-    runs it in a worker process of its own, fed step by step through shared memory, so on one core the engine
-    core and the worker take turns at every step; blocks of the same work at C=64 then ran in regimes up to
-    1.8x apart (19-20% SD between blocks) where in one process they varied 4% (docs/engines.md)."""
-    if not one_core(cpus, gpus) or executor(argv) is not None:
-        return argv
-    return [*argv, "--distributed-executor-backend", "uni"]
-
-
-def launch_env(
-    env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool, executor_backend: str | None = None
-) -> dict[str, str]:
+def launch_env(env: dict[str, str], cpus: tuple[int, ...] | None, gpus: bool) -> dict[str, str]:
     """The server's environment with what specsweep needs of vLLM, unless the config sets it already:
 
     - VLLM_SERVER_DEV_MODE=1, so `POST /reset_prefix_cache` exists and each repeat starts with a cold cache;
     - on the CPU build with a CPU set, VLLM_CPU_OMP_THREADS_BIND to that set: vLLM's automatic binding picks
-      cores by itself and leaves one for its scheduler process, which may be the client's;
-    - with the in-process executor on the CPU build (`launch_args`), VLLM_ENABLE_V1_MULTIPROCESSING=0, without
-      which the CPU build turns it back into a worker process (vllm/platforms/cpu.py). The API server and the
-      engine core stay two processes (the OpenAI server always starts its engine core as one).
+      cores by itself and leaves one for its scheduler process, which may be the client's.
     """
     out = {"VLLM_SERVER_DEV_MODE": "1", **env}
     if cpus and not gpus:
         out.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpus(cpus) or "auto")
-    if executor_backend == "uni" and not gpus:
-        out.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return out
 
 

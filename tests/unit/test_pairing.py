@@ -22,7 +22,7 @@ from specsweep.config import (
     speculative_arms,
     validate,
 )
-from specsweep.measure.gates import block_drift_gate
+from specsweep.measure.gates import block_drift, block_drift_gate
 from specsweep.measure.heal import transient_only
 from specsweep.measure.interleave import block_order, centred, check_specs, out_dirs, round_instances, slot_of
 
@@ -278,6 +278,26 @@ def test_drift_gate_judges_or_says_why_not() -> None:
     # an interleaved level's reasons name their arm; drift is the host's doing, measured again like a busy machine
     assert transient_only(["[eagle3] drift: steady throughput -30% ...", "[baseline] repeat 1: machine busy: ..."])
     assert not transient_only(["[eagle3] repeat 0: 2 of 8 requests failed"]) and not transient_only([])
+
+
+def test_drift_is_the_trend_over_the_level_not_its_two_end_blocks() -> None:
+    """Over many rounds the gate fits the arm's log throughput against the round: a last block 40% above a
+    first one in a level that otherwise held its speed is one block's regime (the rounds' spread carries it),
+    while a level that slid 40% from start to end drifted, whichever its end blocks."""
+    gates = {"max_block_drift": 0.35}
+
+    def level(tok_s: list[float]) -> dict[str, Any]:
+        reps = [{"repeat": r, "metrics": {"output_tok_s_steady": v}} for r, v in enumerate(tok_s)]
+        return {"pairing": {"mode": "interleaved"}, "repeats": reps}
+
+    flat_ends_apart = [100.0, 110.0, 95.0, 105.0, 98.0, 102.0, 107.0, 93.0, 101.0, 140.0]
+    assert block_drift(level(flat_ends_apart)) == pytest.approx(0.14, abs=0.02)
+    assert block_drift_gate(level(flat_ends_apart), gates) == (None, None)
+    slid = [100.0 * 1.06**r for r in range(10)]
+    slid[-1] = 118.0  # its last block alone no further than the first's spread
+    reason, flag = block_drift_gate(level(slid), gates)
+    assert reason is not None and "over the level" in reason and flag is None
+    assert block_drift(level([100.0, 140.0])) == pytest.approx(0.40)  # two blocks: the last over the first
 
 
 def test_drift_is_judged_on_one_server_instance() -> None:

@@ -164,30 +164,37 @@ def _open_loop_validity(
 
 
 def block_drift(measured_summary: Mapping[str, Any]) -> float | None:
-    """An interleaved cell's steady throughput in its last block over its first, minus 1, both on the first
-    block's server instance (pairing.instances: another instance's own speed is no drift). None: not an
-    interleaved cell with two blocks on one instance, or a block without the figure."""
+    """How far an interleaved cell's steady throughput moved over the level, minus 1: the least-squares trend of
+    its log over the arm's blocks in round order, from the first round to the last, all on the first block's
+    server instance (pairing.instances: another instance's own speed is no drift). With two blocks it is the last
+    over the first. The trend, not the last block over the first: each block carries its own regime (vLLM CPU
+    at C=64: 17-19% SD of log throughput from one block to the next on this 2-core VM), and two single blocks
+    differed by more than 35% in levels whose 24 blocks trended +18-27% (docs/analysis.md, "Paired measurement").
+    None: not an interleaved cell with two blocks on one instance, or a block without the figure."""
     pairing = measured_summary.get("pairing") or {}
     reps = measured_summary["repeats"]
     if pairing.get("mode") != "interleaved" or len(reps) < 2:
         return None
     on = {int(b["repeat"]): b.get("instance") for b in pairing.get("blocks") or []}
     first = min(reps, key=lambda r: int(r["repeat"]))
-    same = [r for r in reps if on.get(int(r["repeat"])) == on.get(int(first["repeat"]))]
-    last = max(same, key=lambda r: int(r["repeat"]))
-    if last is first:
+    same = sorted(
+        (r for r in reps if on.get(int(r["repeat"])) == on.get(int(first["repeat"]))), key=lambda r: int(r["repeat"])
+    )
+    if len(same) < 2:
         return None
-    a, b = first["metrics"].get("output_tok_s_steady"), last["metrics"].get("output_tok_s_steady")
-    if not a or b is None:
+    tok_s = [r["metrics"].get("output_tok_s_steady") for r in same]
+    if any(not v for v in tok_s):
         return None
-    return float(b) / float(a) - 1.0
+    rounds = np.array([int(r["repeat"]) for r in same], dtype=float)
+    slope = np.polyfit(rounds, np.log(np.array(tok_s, dtype=float)), 1)[0]
+    return math.expm1(float(slope) * (rounds[-1] - rounds[0]))
 
 
 def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(reason, flag) of the drift gate: an arm whose first and last interleaved blocks differ by more than
-    max_block_drift saw the host change speed inside the level. A step between two rounds cancels in the paired
-    ratio; one inside a round biases that round, so the level is measured again. Where it drifted again in the
-    next attempt (`heal.drift_persists`: the host changes speed faster than the blocks alternate) the level is
+    """(reason, flag) of the drift gate: an arm whose throughput trended by more than max_block_drift over the level's
+    interleaved blocks (`block_drift`) saw the host change speed inside the level. A step between two rounds cancels
+    in the paired ratio; one inside a round biases that round, so the level is measured again. Where it drifted again
+    in the next attempt (`heal.drift_persists`: the host changes speed faster than the blocks alternate) the level is
     kept and flagged: the rounds' spread carries the drift into the paired interval, which is then wide."""
     if (measured_summary.get("pairing") or {}).get("mode") != "interleaved" or len(measured_summary["repeats"]) < 2:
         return None, None
@@ -200,7 +207,7 @@ def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, An
     if abs(drift) <= gates["max_block_drift"]:
         return None, None
     said = (
-        f"drift: steady throughput {drift:+.0%} from the first interleaved block to the last "
+        f"drift: steady throughput {drift:+.0%} over the level (the trend of its interleaved blocks, first to last) "
         f"(> ±{gates['max_block_drift']:.0%}): the host changed speed during the level"
     )
     attempts = measured_summary.get("attempts") or {}

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specsweep.analysis.analyze import INTERVAL_NOTE_ONE_REPEAT, AnalysisSettings, analyze_variant
+from specsweep.analysis.analyze import analyze_variant
 from specsweep.analysis.bootstrap import (
     METRICS,
     block_replicates,
@@ -28,6 +28,8 @@ from specsweep.analysis.cells import (
     load_cell,
     request_arrays,
 )
+from specsweep.analysis.notes import INTERVAL_NOTE_ONE_REPEAT
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.measure.metrics import goodput_rps, slo_seconds
 from tests.support.synthetic import (
     correlated_cell,

@@ -123,14 +123,14 @@ def _cells(points: list[float], rng: np.random.Generator, nan_rows: dict[int, in
 def test_replicates_without_a_value_at_a_level_are_left_out_not_read_as_no_crossing(missing: int) -> None:
     """The analysis stopped (PCHIP refuses NaN) when some replicates of a used level had no value; they are now
     left out and counted, and where none is complete there is no interval rather than the point for one."""
-    from specsweep.analysis.analyze import _metric_result
     from specsweep.analysis.bootstrap import METRICS
+    from specsweep.analysis.curve import metric_result
 
     rng = np.random.default_rng(0)
     levels = np.array([1.0, 2.0, 5.0, 10.0, 30.0])
     base = _cells([100.0] * 5, rng, {})
     spec = _cells([150.0, 130.0, 110.0, 95.0, 80.0], rng, {2: missing})
-    out = _metric_result(METRICS[0], levels, base, spec, 0.95, "eagle3", "baseline")
+    out = metric_result(METRICS[0], levels, base, spec, 0.95, "eagle3", "baseline")
     assert out["replicates_incomplete"] == missing
     x = out["crossover"]
     assert 5.0 < x["estimate"] < 10.0

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
+from specsweep.analysis.analyze import analyze_variant
 from specsweep.analysis.cells import find_cells, load_cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules, level_choices, ranges_from_choices
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.engines.speculation import threshold_schedule
 from tests.support.synthetic import write_synthetic_variant
 

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, decide_verdict, suggest_levels
+from specsweep.analysis.analyze import analyze_arm
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
+from specsweep.analysis.settings import AnalysisSettings
+from specsweep.analysis.verdict import decide_verdict, suggest_levels
 from specsweep.cli import main
 from tests.support.crossovers import crossover_block
 from tests.support.synthetic import correlated_cell, simulate_correlated, write_synthetic_variant

@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
+from specsweep.analysis.analyze import analyze_arm
 from specsweep.analysis.cells import load_cell
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.measure.segments import instance_log, merge_level
 from tests.support.synthetic import correlated_requests, write_synthetic_cell
 

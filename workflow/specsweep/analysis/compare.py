@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from specsweep.analysis.analyze import AnalysisSettings, _f, crossover_text
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap, bootstrap_cell, percentile_interval
 from specsweep.analysis.cells import Cell, find_cells, load_cell
+from specsweep.analysis.curve import json_float
+from specsweep.analysis.settings import AnalysisSettings
+from specsweep.analysis.verdict import crossover_text
 from specsweep.io import atomic_write_text
 from specsweep.records import CROSSOVER_FIX, Crossover, read
 
@@ -73,7 +75,7 @@ def compare_variants(
         levels = sorted(set.union(*(set(variants[v][arm]) for v in names)))
         rows = []
         for c in levels:
-            row: dict[str, Any] = {"concurrency": _f(c), "cells": {}}
+            row: dict[str, Any] = {"concurrency": json_float(c), "cells": {}}
             ref_cell = variants[ref][arm].get(c)
             for v in names:
                 cell = variants[v][arm].get(c)
@@ -83,7 +85,7 @@ def compare_variants(
                 }
                 if cell is not None:
                     b = boot(cell)
-                    entry["values"] = {m: _f(b.point[m]) for m in COMPARED}
+                    entry["values"] = {m: json_float(b.point[m]) for m in COMPARED}
                     usable = ref_cell is not None and (settings.include_invalid or (cell.valid and ref_cell.valid))
                     if v != ref and usable:
                         rb = boot(ref_cell)
@@ -98,14 +100,14 @@ def compare_variants(
                                 lo, hi = percentile_interval(reps, settings.confidence)
                             has = b.has_interval[m] and rb.has_interval[m]
                             ratios[m] = {
-                                "ratio": _f(pt),
-                                "lo": _f(lo) if has else None,
-                                "hi": _f(hi) if has else None,
+                                "ratio": json_float(pt),
+                                "lo": json_float(lo) if has else None,
+                                "hi": json_float(hi) if has else None,
                             }
                         entry["vs_reference"] = ratios
                 row["cells"][v] = entry
             rows.append(row)
-        result["arms"][arm] = {"levels": [_f(c) for c in levels], "rows": rows}
+        result["arms"][arm] = {"levels": [json_float(c) for c in levels], "rows": rows}
     result["crossovers"] = {
         v: {
             a: {

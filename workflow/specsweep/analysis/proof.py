@@ -21,10 +21,12 @@ from typing import Any
 
 from scipy import stats as sps
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_arm, levels_text
+from specsweep.analysis.analyze import analyze_arm
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap
 from specsweep.analysis.cells import Cell, load_cell
 from specsweep.analysis.paired import paired
+from specsweep.analysis.settings import AnalysisSettings
+from specsweep.analysis.verdict import levels_text
 from specsweep.engines.speculation import static_k
 
 __all__ = ["best_fixed", "policy_proof"]

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specsweep.analysis.analyze import AnalysisSettings
 from specsweep.analysis.policy import dump_yaml, policy_document, schedule_entries
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.analysis.table import table_csv
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args

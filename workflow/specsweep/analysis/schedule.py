@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from specsweep.analysis import decisions
-from specsweep.analysis.analyze import AnalysisSettings, analyze_arm
+from specsweep.analysis.analyze import analyze_arm
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import best_fixed
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
 from specsweep.engines.speculation import (

@@ -7,9 +7,10 @@ import csv
 import io
 from typing import Any
 
-from specsweep.analysis.analyze import LEVEL_SYMBOL, crossover_text, levels_text
 from specsweep.analysis.bootstrap import METRICS
 from specsweep.analysis.policy import choose_threshold
+from specsweep.analysis.settings import LEVEL_SYMBOL
+from specsweep.analysis.verdict import crossover_text, levels_text
 
 __all__ = ["format_table", "table_csv", "table_rows"]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
+from specsweep.analysis.analyze import analyze_variant
 from specsweep.analysis.cells import Cell, find_cells, load_cell
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.config import configured_levels
 
 

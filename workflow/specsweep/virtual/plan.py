@@ -24,11 +24,12 @@ import pandas as pd
 from scipy import stats as sps
 
 from specsweep.analysis.adaptive import AdaptiveSettings, next_levels
-from specsweep.analysis.analyze import AnalysisSettings, analyze_variant
+from specsweep.analysis.analyze import analyze_variant
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.precision import units_for
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.client.loadgen import warmup_count
 from specsweep.config import (
     fixed_arms,

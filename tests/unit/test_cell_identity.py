@@ -38,9 +38,7 @@ def identities(config: dict) -> dict[str, dict]:
     for variant in config["variants"]:
         for arm, arm_cfg in config["arms"].items():
             served = SERVED if arm_cfg.get("policy") else None
-            specs = {
-                f"{c:g}": ssconfig.cell_spec(config, variant, arm, c, served) for c in ssconfig.levels(config)
-            }
+            specs = {f"{c:g}": ssconfig.cell_spec(config, variant, arm, c, served) for c in ssconfig.levels(config)}
             first = next(iter(specs.values()))
             out[f"{variant}/{arm}"] = {
                 "first_level": json.loads(ssconfig.dumps(first)),

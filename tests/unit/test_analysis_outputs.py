@@ -9,7 +9,9 @@ import json
 import pandas as pd
 import pytest
 
+from specsweep.analysis.notes import differ_note, unresolved_note
 from specsweep.analysis.outputs import output_match, output_verdict
+from specsweep.analysis.settings import AnalysisSettings
 from specsweep.client.backends import OpenAIParser, RequestRecord, SGLangParser
 
 pytestmark = pytest.mark.unit
@@ -83,23 +85,30 @@ def test_parsers_record_the_generated_text() -> None:
     assert rec.output_prefix == "a b c" and rec.output_sha256 == hashlib.sha256(b"a b c").hexdigest()
 
 
-def referral(margins: list[float | None], differ: int, errors: int = 0) -> dict:
-    """records.OutputReferral with one referred difference per margin (None: the arm's token not a candidate)."""
-    referred = [
-        {
+Bound = tuple[float, int, str]  # the arm's token unmatched: margin_at_least_nats, bound_rank, bound_token
+
+
+def referral(margins: list[float | Bound | None], differ: int, errors: int = 0) -> dict:
+    """records.OutputReferral with one referred difference per margin: a number, both tokens scored; a Bound,
+    the arm's token matched by no candidate, with the likeliest it could be; None, unmatched with no bound (an
+    older referral)."""
+    referred = []
+    for i, m in enumerate(margins):
+        x = {
             "repeat": 0,
             "prompt_index": i,
             "char": 5,
             "token_char": 4,
             "reference_token": " w1",
-            "margin_nats": m,
-            "other_token": None if m is None else " w2",
+            "margin_nats": m if isinstance(m, float | int) else None,
+            "other_token": " w2" if isinstance(m, float | int) else None,
             "other_head": " CORRUPTED",
             "steps": 1,
             "error": None,
         }
-        for i, m in enumerate(margins)
-    ]
+        if isinstance(m, tuple):
+            x |= {"margin_at_least_nats": m[0], "bound_rank": m[1], "bound_token": m[2]}
+        referred.append(x)
     referred += [
         {"repeat": 0, "prompt_index": 90 + i, "char": 5, "token_char": 4, "steps": 1, "error": "HTTP 500"}
         for i in range(errors)
@@ -128,8 +137,51 @@ def test_one_clear_difference_is_outputs_differ_whatever_the_share() -> None:
     m = output_match(*_differing(1), referral([2.5], 1), tie_nats=0.1)
     assert m["share"] == 0.9 and output_verdict(m, 0.8) == "differ"
     assert m["referral"]["clear_examples"][0]["margin_nats"] == 2.5
-    m = output_match(*_differing(2), referral([0.001, None], 2), tie_nats=0.1)  # a token not among the top k
+    # a token not among the top k, the 5th candidate 2.4 nats below the reference's: at least that much, clear
+    m = output_match(*_differing(2), referral([0.001, (2.4, 5, " w7")], 2), tie_nats=0.1)
     assert m["referral"]["clear"] == 1 and m["referral"]["near_ties"] == 1 and output_verdict(m, 0.5) == "differ"
+    assert m["referral"]["unresolved"] == 0 and m["referral"]["clear_examples"][0]["margin_at_least_nats"] == 2.4
+    note = differ_note([{"concurrency": 4, "output_match": m}], "eagle3", "baseline", AnalysisSettings(), "C")
+    assert "OUTPUTS DIFFER" in note and "' CORRUPTED' not among the baseline's top candidates, at least 2.4" in note
+
+
+def _unresolved_match() -> dict:
+    """Three of ten differ: a near-tie, an unmatched token whose 5th candidate is within the tie margin, and a
+    byte piece (a partial character) within it."""
+    margins = [0.01, (0.05, 5, " w7"), (0.02, 2, " \ufffd")]
+    return output_match(*_differing(3), referral(margins, 3), tie_nats=0.1)
+
+
+def test_an_unmatched_token_within_the_tie_margin_is_not_resolved() -> None:
+    """Neither a near-tie nor OUTPUTS DIFFER, whatever the share: "unresolved", each with why; an unmatched token
+    with no bound recorded (an older referral) is not resolved either, never clear."""
+    m = _unresolved_match()
+    ref = m["referral"]
+    assert ref["near_ties"] == 1 and ref["clear"] == 0 and ref["unresolved"] == 2 and ref["referred"] == 3
+    assert output_verdict(m, 0.9) == "unresolved" and output_verdict(m, 0.5) == "unresolved"
+    flat, piece = ref["unresolved_examples"]
+    assert flat["why"] == (
+        "the arm's token is not among the top 5 and the 5th candidate is 0.05 nats from the reference's token: the "
+        "margin is not measured"
+    )
+    assert "2nd candidate, ' \ufffd', is a partial character" in piece["why"] and "0.02 nats" in piece["why"]
+    assert m["tie_share"] == 0.1  # the near-ties alone
+    old = output_match(*_differing(1), referral([None], 1), tie_nats=0.1)
+    assert output_verdict(old, 0.5) == "unresolved" and "no bound" in old["referral"]["unresolved_examples"][0]["why"]
+    # one clear difference beside them: OUTPUTS DIFFER, the unresolved counted apart
+    m = output_match(*_differing(3), referral([3.0, (0.05, 5, " w7"), 0.01], 3), tie_nats=0.1)
+    assert output_verdict(m, 0.5) == "differ" and m["referral"]["unresolved"] == 1
+    note = differ_note([{"concurrency": 4, "output_match": m}], "eagle3", "baseline", AnalysisSettings(), "C")
+    assert "OUTPUTS DIFFER" in note and "1 more not resolved (the arm's token is not among the top 5" in note
+
+
+def test_the_unresolved_note_names_them_and_never_says_outputs_differ() -> None:
+    m = _unresolved_match()
+    note = unresolved_note([{"concurrency": 4, "output_match": m}], "eagle3", "baseline", 0.1, "C")
+    assert "OUTPUTS DIFFER" not in note and "not resolved" in note, note
+    assert "C=4 3 of 10 (1 near-ties, 2 not resolved)" in note, note
+    assert "prompt 1 of round 0 at character 5 (eagle3's ' CORRUPTED')" in note, note
+    assert "the 5th candidate is 0.05 nats from the reference's token" in note and "output_tie_nats 0.1" in note
 
 
 def test_unreferred_differences_fall_back_on_the_share() -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "differ_note",
     "repeats_note",
     "ties_note",
+    "unresolved_note",
 ]
 
 INTERVAL_NOTE_ONE_REPEAT = "1 repeat: intervals hold within-run noise only; use repeats >= 3 for run-to-run variation"
@@ -35,7 +36,7 @@ def differ_note(
     rows: list[dict[str, Any]], spec_arm: str, baseline_arm: str, settings: AnalysisSettings, sym: str
 ) -> str:
     """OUTPUTS DIFFER: where, how much, and the first clear difference by prompt and position (or, unreferred,
-    the first differing character)."""
+    the first differing character); the referred differences not resolved are counted apart, with why."""
     worst = min(rows, key=lambda r: r["output_match"]["share"])
     m = worst["output_match"]
     head = (
@@ -56,14 +57,19 @@ def differ_note(
         f"{baseline_arm} {ex['reference_token']!r} over {spec_arm} {ex['other_token']!r} "
         f"by {ex['margin_nats']:.3g} nats"
         if ex["other_token"] is not None
-        else f"{spec_arm}'s {ex['other_head']!r} not among the baseline's top candidates "
-        f"(its own token: {ex['reference_token']!r})"
+        else f"{spec_arm}'s {ex['other_head']!r} not among the baseline's top candidates, at least "
+        f"{ex['margin_at_least_nats']:.3g} nats below its own token {ex['reference_token']!r}"
+    )
+    left = (
+        f"; {ref['unresolved']} more not resolved ({ref['unresolved_examples'][0]['why']})"
+        if ref.get("unresolved")
+        else ""
     )
     return (
         f"{head}; {ref['clear']} of {ref['referred']} referred differences are clear (more than "
         f"{settings.output_tie_nats:g} nats between the two tokens, analysis.output_tie_nats), e.g. prompt "
-        f"{ex['prompt_index']} of round {ex['repeat']} at character {ex['char']}: {told}. A faster arm that generates "
-        "other text is not the same service; check the draft and verify path"
+        f"{ex['prompt_index']} of round {ex['repeat']} at character {ex['char']}: {told}{left}. A faster arm that "
+        "generates other text is not the same service; check the draft and verify path"
     )
 
 
@@ -80,6 +86,29 @@ def ties_note(rows: list[dict[str, Any]], spec_arm: str, baseline_arm: str, tie_
         f"server scores its own token and {spec_arm}'s within {worst:.2g} nats (analysis.output_tie_nats "
         f"{tie_nats:g}): numerics of another batch shape (the verify pass scores K+1 tokens at once), not the "
         "speculative path"
+    )
+
+
+def unresolved_note(rows: list[dict[str, Any]], spec_arm: str, baseline_arm: str, tie_nats: float, sym: str) -> str:
+    """Differences none clear and some not resolved: the server's candidates could not tell a near-tie from a
+    clear margin there (an unmatched token, the likeliest it could be within the tie margin), so they are neither
+    numerics nor a clear difference; counted with the near-ties beside them, the first named with why. The note
+    never holds the words that flag a clear difference (`differ_note`): readers and tests look for them."""
+    parts = []
+    for r in rows:
+        m, ref = r["output_match"], r["output_match"]["referral"]
+        left = f", {ref['unreferred']} not referred" if ref["unreferred"] else ""
+        parts.append(
+            f"{sym}={r['concurrency']:g} {m['differ']} of {m['compared']} ({ref['near_ties']} near-ties, "
+            f"{ref['unresolved']} not resolved{left})"
+        )
+    ex = next(r["output_match"]["referral"]["unresolved_examples"][0] for r in rows)
+    return (
+        f"outputs differ, not resolved: {'; '.join(parts)}: no referred difference is clear, but the {baseline_arm} "
+        f"server's candidates cannot tell near-tie from clear margin where {spec_arm}'s token is not matched, e.g. "
+        f"prompt {ex['prompt_index']} of round {ex['repeat']} at character {ex['char']} ({spec_arm}'s "
+        f"{ex['other_head']!r}): {ex['why']} (analysis.output_tie_nats {tie_nats:g}). Counted neither as near-ties "
+        "nor as clear differences"
     )
 
 
@@ -134,6 +163,9 @@ def arm_notes(
     ties = [r for r in compared if judged[r["concurrency"]] == "numerics"]
     if ties:
         out.append(ties_note(ties, spec_arm, baseline_arm, settings.output_tie_nats, sym))
+    unresolved = [r for r in compared if judged[r["concurrency"]] == "unresolved"]
+    if unresolved:
+        out.append(unresolved_note(unresolved, spec_arm, baseline_arm, settings.output_tie_nats, sym))
     not_compared = [r["concurrency"] for r in per_level if "output_match" in r and r["output_match"] is None]
     if not_compared:
         out.append(

@@ -73,7 +73,7 @@ async def _check(
         for rec in rep.records:
             if rec.ok and rec.output_text:
                 prompt = sets[rep.repeat].request(rec.prompt_index, req.sends_messages)
-                check = await self_check(session, req, prompt, rec.output_text, rec.output_tokens)
+                check = await self_check(session, req, prompt, rec.output_text, rec.output_tokens, rec.content)
                 return {**asdict(check), "repeat": rep.repeat, "prompt_index": rec.prompt_index}
     return None
 
@@ -94,7 +94,7 @@ async def _referred(
             out[-1]["error"] = why
             continue
         prompt = sets[r].request(rec.prompt_index, req.sends_messages)
-        found = await refer(session, req, prompt, ref.text, rec.output_text, ref.tokens)
+        found = await refer(session, req, prompt, ref.text, rec.output_text, ref.tokens, rec.content)
         out.append({"repeat": r, "prompt_index": rec.prompt_index, **asdict(found)})
     return out
 

@@ -77,6 +77,8 @@ def _row(
         "cached_tokens": 0,
         "output_sha256": "",
         "output_prefix": "",
+        "content": "",
+        "finish_reason": "length",
         "ok": True,
         "error_kind": "",
         "error": "",

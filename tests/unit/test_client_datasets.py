@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
 from specsweep.cli import bench as bench_cli
 from specsweep.client.backends import RequestRecord, RequestSpec, send_request
-from specsweep.client.datasets import Dataset, DatasetError, load_dataset
+from specsweep.client.datasets import Dataset, DatasetError, _speed_bench_entry, load_dataset
 from specsweep.client.fasthttp import FastPool
 from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import (
@@ -399,3 +400,131 @@ def test_sharegpt_speaker_aliases_of_public_dumps(tmp_path: Path) -> None:
     f = write(tmp_path / "sg.json", [{"conversations": turns}], jsonl=False)
     entry = load_dataset(f, "sharegpt", chat="history").entries[0]
     assert [m["role"] for m in entry.messages] == ["user", "assistant", "user"] and entry.reference == "a2"
+
+
+SPEED_BENCH = [
+    {"question_id": "c-1", "category": " coding ", "sub_category": "python", "turns": ["write a sort", "faster"],
+     "source": "x", "difficulty": "easy", "multiturn": True},
+    {"question_id": 2, "category": "math", "turns": ["add 2 and 3"], "multiturn": False},
+]  # fmt: skip
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_speed_bench_jsonl_and_parquet_read_categories_and_send_the_first_turn(tmp_path: Path) -> None:
+    rows = [{**r, "question_id": str(r["question_id"])} for r in SPEED_BENCH]  # one Parquet column, one type
+    for f in (write(tmp_path / "sb.jsonl", SPEED_BENCH), write_parquet(tmp_path / "sb.parquet", rows)):
+        d = load_dataset(f, "speed-bench")
+        assert [e.category for e in d.entries] == ["coding", "math"]
+        assert [e.messages for e in d.entries] == [
+            ({"role": "user", "content": "write a sort"},),
+            ({"role": "user", "content": "add 2 and 3"},),
+        ]
+        assert all(e.reference is None and e.output_tokens is None for e in d.entries) and not d.conversational
+    assert d.entries[1].where.endswith("sb.parquet row 1")
+    # a Parquet list column read through pandas arrives as a numpy array
+    entry = _speed_bench_entry({"question_id": np.int64(3), "category": "qa", "turns": np.array(["q", "r"])}, "w")
+    assert entry.text == "q" and entry.category == "qa"
+    mt = write(tmp_path / "mt.jsonl", [{"question_id": 1, "category": " writing\n", "turns": ["q"]},
+                                       {"question_id": 2, "turns": ["q"]}])  # fmt: skip
+    assert [e.category for e in load_dataset(mt, "mtbench").entries] == ["writing", None]
+    assert load_dataset(many(tmp_path, 1), "chat-jsonl").entries[0].category is None
+
+
+def test_chat_log_takes_the_logged_answer_as_reference_and_the_requests_cap(tmp_path: Path) -> None:
+    rows = [
+        {"id": "req-1", "ts": 1712.5, "user": "u9", "category": " code ", "max_tokens": 256,
+         "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "sort a list"},
+                      {"role": "assistant", "content": "use sorted()"}]},
+        {"class": "chat", "messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
+                                                                     {"type": "text", "text": "part two"}]}]},
+        {"request": {"model": "m", "max_completion_tokens": 64, "messages": [
+            {"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a1"}]}, {"role": "user", "content": "q2"}]},
+         "response": {"choices": [{"message": {"role": "assistant", "content": "a2"}}]}},
+    ]  # fmt: skip
+    d = load_dataset(write(tmp_path / "log.jsonl", rows), "chat-log")
+    first, parts, nested = d.entries
+    assert first.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "sort a list"})
+    assert first.reference == "use sorted()" and first.output_tokens == 256 and first.category == "code"
+    assert parts.messages == ({"role": "user", "content": "part one\npart two"},)
+    assert parts.category == "chat" and parts.reference is None and parts.output_tokens is None
+    assert [m["role"] for m in nested.messages] == ["system", "user", "assistant", "user"]
+    assert nested.messages[2]["content"] == "a1" and nested.reference is None and nested.output_tokens == 64
+    assert nested.category is None and d.conversational
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "expected"),
+    [
+        ("speed-bench", '{"question_id": 1, "category": "qa", "turns": ["q"]}\n{"question_id": 2, "turns": ["q"]}\n',
+         r"bad\.jsonl:2: missing field 'category'; give each row its 'category'"),
+        ("speed-bench", '{"question_id": 1, "category": "qa"}\n',
+         r"bad\.jsonl:1: missing field 'turns'; give each row \"turns\""),
+        ("speed-bench", '{"question_id": 1, "category": " ", "turns": ["q"]}\n',
+         r"bad\.jsonl:1: field 'category' is blank; give each row its content class"),
+        ("speed-bench", '{"question_id": 1, "category": "qa", "turns": []}\n',
+         r"bad\.jsonl:1: field 'turns' is empty; give at least the first user turn"),
+        ("chat-log", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, '
+                     '{"type": "image_url", "image_url": {"url": "data:..."}}]}]}\n',
+         r"bad\.jsonl:1 messages\[0\]: field 'content\[1\]' is a 'image_url' part; only text is supported"),
+        ("chat-log", '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null, '
+                     '"tool_calls": [{"id": "t"}]}, {"role": "tool", "content": "42"}]}\n',
+         r"bad\.jsonl:1 messages\[1\]: a tool message or tool call; drop the logged requests with tool messages"),
+        ("chat-log", '{"request": {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "4"}]}}',
+         r"bad\.jsonl:1 messages\[1\]: a tool message or tool call; drop the logged requests"),
+        ("chat-log", '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, '
+                     '{"role": "assistant", "content": "b"}]}\n',
+         r"bad\.jsonl:1: field 'messages' must end with a user message .* fix or drop the line"),
+        ("chat-log", '{"messages": [{"role": "bot", "content": "x"}]}\n',
+         r"bad\.jsonl:1 messages\[0\]: field 'role' is 'bot'; use one of system, developer, user, assistant"),
+        ("chat-log", '{"messages": [{"role": "user", "content": "q"}], "max_tokens": 0}\n',
+         r"bad\.jsonl:1: field 'max_tokens' is 0; give a positive integer"),
+        ("chat-log", '{"messages": [{"role": "user", "content": "q"}], "class": 3}\n',
+         r"bad\.jsonl:1: field 'class' is a int, not a str; give 'class' as a string"),
+        ("chat-log", '{"request": "POST /v1/chat/completions"}\n',
+         r"bad\.jsonl:1: field 'request' is a str, not a dict; nest the logged request"),
+    ],
+)  # fmt: skip
+def test_new_formats_name_file_line_field_and_fix(tmp_path: Path, fmt: str, content: str, expected: str) -> None:
+    f = tmp_path / "bad.jsonl"
+    f.write_text(content)
+    with pytest.raises(DatasetError, match=expected):
+        load_dataset(f, fmt)
+
+
+def test_speed_bench_parquet_errors_name_the_row(tmp_path: Path) -> None:
+    rows = [{"question_id": 1, "category": "qa", "turns": ["q"]}, {"question_id": 2, "category": None, "turns": ["q"]}]
+    with pytest.raises(DatasetError, match=r"sb\.parquet row 1: missing field 'category'; give each row"):
+        load_dataset(write_parquet(tmp_path / "sb.parquet", rows), "speed-bench")
+    rows = [{"question_id": 1, "category": "qa", "turns": None}]
+    with pytest.raises(DatasetError, match=r"sb\.parquet row 0: missing field 'turns'"):
+        load_dataset(write_parquet(tmp_path / "sb.parquet", rows), "speed-bench")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    with pytest.raises(DatasetError, match=r"fake\.parquet: not a readable Parquet file .*give a \.parquet table"):
+        load_dataset(tmp_path / "fake.parquet", "speed-bench")
+    write(tmp_path / "sb.json", SPEED_BENCH, jsonl=False)
+    with pytest.raises(DatasetError, match=r"sb\.json: a speed-bench file must end in \.jsonl or \.parquet"):
+        load_dataset(tmp_path / "sb.json", "speed-bench")
+
+
+def test_reference_lengths_know_the_new_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    ref = {"output_tokens": {"reference": {"min": 2, "max": 50}}}
+    write(tmp_path / "sb.jsonl", SPEED_BENCH)
+    with pytest.raises(ConfigError, match=r"sb\.jsonl:1: .*SPEED-Bench has no reference answers"):
+        validate(tiny_config({"dataset": {"path": "sb.jsonl", "format": "speed-bench"}, **ref}))
+    log = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]},
+           {"messages": [{"role": "user", "content": "q2"}]}]  # fmt: skip
+    write(tmp_path / "log.jsonl", log)
+    with pytest.raises(ConfigError, match=r"log\.jsonl:2: .*no logged answer"):
+        validate(tiny_config({"dataset": {"path": "log.jsonl", "format": "chat-log"}, **ref}))
+    write(tmp_path / "log.jsonl", log[:1])
+    ok = validate(tiny_config({"dataset": {"path": "log.jsonl", "format": "chat-log"}, **ref}))
+    assert ok["workload"]["dataset"]["format"] == "chat-log"

@@ -17,6 +17,10 @@ from specsweep.config import (
     max_instances,
     replicated_variants,
     segment_need_priority,
+    headline_units,
+    sweep_units,
+    unit_datasets,
+    unit_variant,
     segment_priority,
     level_name,
     levels,
@@ -34,7 +38,12 @@ EXP = config["experiment"]
 RES = Path(config["results_dir"]) / EXP
 STATE_DIR = RES / ".servers"
 LOGS = RES / "logs"
-VARIANTS = list(config["variants"])
+VARIANTS = list(config["variants"])  # the stacks: preflight, environment and model per variant
+# what is measured and answered for: each variant, or each of its content classes and their mix (<variant>@<class>);
+# the measuring and analysis rules' {variant} wildcard is a unit
+UNITS = sweep_units(config)
+HEADLINE_UNITS = headline_units(config)  # one per variant where it has one answer (its mix, or itself): compared
+CLASSED_VARIANTS = [v for v in VARIANTS if config["workload"]["classes"]]  # their classes' answers side by side
 ARMS = list(config["arms"])
 FIXED_ARMS = fixed_arms(config)  # the baseline and every speculative (sub-)arm
 PAIRED_VARIANTS = interleaved_variants(config)  # their fixed arms' levels are measured in interleaved blocks
@@ -106,7 +115,7 @@ def served_policy_arms(variant):
 
 def fixed_cells(wildcards, name="summary.json", levels=None):
     """The fixed arms' cells: what refinement rounds and the schedule judge."""
-    known("variant", wildcards.variant, VARIANTS)
+    known("variant", wildcards.variant, UNITS)
     levels = final_levels(wildcards.variant) if levels is None else levels
     return [cell_path(wildcards.variant, a, c, name) for a in FIXED_ARMS for c in levels]
 
@@ -140,7 +149,7 @@ def policy_entry(variant, arm):
 
 def level_inputs(variant, level):
     """What every cell of a level needs before it runs: the variant's environment (and model, trace, dataset)."""
-    known("variant", variant, VARIANTS)
+    known("variant", variant, UNITS)
     mode, c = parse_level(level)
     if mode != LOAD_MODE:
         raise ValueError(
@@ -161,13 +170,15 @@ def level_inputs(variant, level):
                 else f"the load's levels (load.mode {mode})"
             )
         )
-    inputs = {"env": expand(rules.env.output[0], variant=variant)[0]}
+    stack = unit_variant(variant)  # a unit's environment and model are its variant's
+    inputs = {"env": expand(rules.env.output[0], variant=stack)[0]}
     if LOAD_MODE == "trace":  # editing the trace reruns its cells
         inputs["trace"] = config["load"]["trace"]["path"]
-    if config["variants"][variant].get("model_builder"):
-        inputs["model"] = expand(rules.model.output[0], variant=variant)[0]
-    if config["workload"]["dataset"]:  # an edited workload file re-measures the cells that send it
-        inputs["dataset"] = config["workload"]["dataset"]["path"]
+    if config["variants"][stack].get("model_builder"):
+        inputs["model"] = expand(rules.model.output[0], variant=stack)[0]
+    datasets = unit_datasets(config, variant)
+    if datasets:  # an edited workload file re-measures the cells that send it
+        inputs["dataset"] = datasets
     return inputs
 
 
@@ -272,12 +283,12 @@ def preflight_spec_json(wildcards):
 
 
 def variant_analysis_json(wildcards):
-    return dumps(analysis_spec(config, [known("variant", wildcards.variant, VARIANTS)]))
+    return dumps(analysis_spec(config, [known("variant", wildcards.variant, UNITS)]))
 
 
 def schedule_decision_json(wildcards):
     """What a schedule depends on besides the cells' bytes (a param: changing it re-derives the schedule)."""
-    known("variant", wildcards.variant, VARIANTS)
+    known("variant", wildcards.variant, UNITS)
     keys = ("policy_rule", "primary_metric", "baseline_arm")
     analysis = {k: config["analysis"][k] for k in keys}
     return dumps({"policy": config["policy"], "arms": config["arms"], "analysis": analysis})
@@ -285,7 +296,7 @@ def schedule_decision_json(wildcards):
 
 def refine_json(wildcards):
     """What a refinement round's decision depends on (a param: changing it re-decides the round)."""
-    known("variant", wildcards.variant, VARIANTS)
+    known("variant", wildcards.variant, UNITS)
     return dumps({"adaptive": ADAPTIVE, "concurrency": LEVELS, "arms": config["arms"]})
 
 
@@ -332,7 +343,7 @@ def cell_spec_json(wildcards):
 
 def slurm(name):
     """One of the variant's cluster-job resources (config variants.<name>.slurm); local runs ignore them."""
-    return lambda w: slurm_resources(config, known("variant", w.variant, VARIANTS))[name]
+    return lambda w: slurm_resources(config, known("variant", w.variant, VARIANTS + UNITS))[name]
 
 
 def cell_priority_of(wildcards):
@@ -340,14 +351,15 @@ def cell_priority_of(wildcards):
 
 
 def crossover_targets():
-    targets = [RES / v / "crossover.json" for v in VARIANTS]
+    targets = [RES / v / "crossover.json" for v in UNITS]
     if TRACKING:
-        targets += [RES / v / "mlflow_crossover.json" for v in VARIANTS]
+        targets += [RES / v / "mlflow_crossover.json" for v in UNITS]
+    targets += [RES / v / "contents.json" for v in CLASSED_VARIANTS]
     return targets
 
 
 def comparison_targets():
-    return [RES / "comparison" / "comparison.json"] if len(VARIANTS) > 1 else []
+    return [RES / "comparison" / "comparison.json"] if len(HEADLINE_UNITS) > 1 else []
 
 
 def fingerprint_args(wildcards):

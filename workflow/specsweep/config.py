@@ -14,6 +14,8 @@ import yaml
 
 from specsweep.redact import split_uri_credentials
 
+UNIT_SEP = "@"  # `<variant>@<class>` (client/contents.py UNIT_SEP; here too, so that the config imports no client)
+
 if TYPE_CHECKING:
     from specsweep.client.datasets import Dataset
 
@@ -110,6 +112,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     _resolve_same_as(config)
     _check_semantics(config)
     _expand_arms(config)
+    _expand_classes(config)
     return config
 
 
@@ -191,7 +194,13 @@ def _check_semantics(config: dict[str, Any]) -> None:
             "least that, or null (no instance pair added)"
         )
     _check_dataset(config["workload"])
+    _check_classes(config["workload"])
     for name, variant in config["variants"].items():
+        if UNIT_SEP in name:
+            raise ConfigError(
+                f"config error at 'variants/{name}': '{UNIT_SEP}' joins a variant and a content class in a unit's name "
+                f"(<variant>{UNIT_SEP}<class>); rename the variant without it"
+            )
         for arm in variant.get("arm_server_args", {}):
             if arm not in arms:
                 raise ConfigError(
@@ -259,6 +268,11 @@ def read_dataset(workload: dict[str, Any]) -> Dataset | None:
             )
         return None
     dataset = load_dataset(ds["path"], ds["format"], ds.get("name"), ds.get("chat"))
+    content = workload.get("content")
+    if content and content.get("category") is not None:  # one class of the dataset (a unit's workload)
+        from specsweep.client.contents import ContentClass, class_dataset
+
+        dataset = class_dataset(dataset, ContentClass(content["name"], ds, content["category"]))
     if by_reference:
         if output["reference"]["min"] > output["reference"]["max"]:
             raise DatasetError("workload.output_tokens.reference: min is above max; swap them")
@@ -270,6 +284,146 @@ def read_dataset(workload: dict[str, Any]) -> Dataset | None:
             "the model's input; set workload.endpoint: chat (specsweep bench: --endpoint chat)"
         )
     return dataset
+
+
+def _check_classes(workload: dict[str, Any]) -> None:
+    """Content classes that cannot be swept stop the run here, naming the key and the fix: a bad name, a class
+    with no prompts (no dataset, or no entry of its category), a mix over unknown classes or not summing to 1."""
+    if not (workload["classes"] or workload["classes_by"] or workload["mix"]):
+        return
+    from specsweep.client.contents import ContentError, check_names, classes_of
+
+    try:
+        check_names(workload)
+    except ContentError as e:
+        raise ConfigError(str(e)) from None
+    if workload["classes_by"]:
+        if not workload["dataset"]:
+            raise ConfigError(
+                "config error at 'workload/classes_by': classes_by reads the categories of workload.dataset, and "
+                "there is none; set workload.dataset (a format with a category field: speed-bench, mtbench, chat-log)"
+            )
+        return  # the categories are read and checked by _expand_classes
+    for name, content in classes_of(workload).items():
+        try:
+            read_dataset({**workload, "dataset": content.dataset, "content": content.spec()})
+        except ValueError as e:  # DatasetError
+            raise ConfigError(f"config error at 'workload/classes/{name}': {e}") from None
+
+
+def _expand_classes(config: dict[str, Any]) -> None:
+    """`classes_by: category`: one class per category of the workload's dataset, listed in `classes` (sorted;
+    classes_by then cleared, so a validated config validates to itself); the mix checked against them."""
+    workload = config["workload"]
+    if not workload["classes_by"]:
+        return
+    from specsweep.client.contents import ContentError, categories, check_names
+
+    try:
+        found = categories(read_dataset({**workload, "classes": None}))  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ConfigError(f"config error at 'workload/classes_by': {e}") from None
+    workload["classes"] = {c: {"dataset": None, "category": c, "synthetic": False} for c in found}
+    workload["classes_by"] = None
+    try:
+        check_names(workload)
+    except ContentError as e:
+        raise ConfigError(f"{e} (the classes are the dataset's categories: {', '.join(found)})") from None
+
+
+def sweep_units(config: dict[str, Any]) -> list[str]:
+    """What the sweep measures and answers for, in order: each variant itself where the workload has one
+    content, else each variant's classes (`<variant>@<class>`) and, with a mix, `<variant>@mix`
+    (client/contents.py). Every rule that measures or analyses takes a unit where it took a variant; the
+    stack's rules (preflight, env, model) stay per variant, and a unit's servers are its variant's."""
+    from specsweep.client.contents import MIX, unit_name
+
+    workload = config.get("workload") or {}  # (a config not yet validated: one content)
+    classes = list(workload.get("classes") or {})
+    contents: list[str | None] = [*classes, *([MIX] if workload.get("mix") else [])] if classes else [None]
+    return [unit_name(v, c) for v in config["variants"] for c in contents]
+
+
+def headline_units(config: dict[str, Any]) -> list[str]:
+    """Per variant, the unit that gives its one answer: the variant itself (one content), or its mix; the
+    variants compared side by side (`specsweep compare`). Classes without a mix give each class's answer only:
+    every unit is then compared."""
+    units = sweep_units(config)
+    if not config["workload"]["classes"]:
+        return units
+    mixes = [u for u in units if u.endswith(f"{UNIT_SEP}mix")]
+    return mixes or units
+
+
+def unit_variant(unit: str) -> str:
+    """The variant (software stack) a sweep unit runs on."""
+    return unit.partition(UNIT_SEP)[0]
+
+
+def variant_config(config: dict[str, Any], unit: str) -> dict[str, Any]:
+    """A variant's config, by its name or a unit of it (a rule's slice of the config may key it by the unit)."""
+    variants = config["variants"]
+    return variants[unit] if unit in variants else variants[unit_variant(unit)]
+
+
+def unit_workload(config: dict[str, Any], unit: str) -> dict[str, Any]:
+    """The workload a unit's cells send (their cell spec's): without the classes and the mix, the unit's class
+    as `content` with its dataset (or the mix's classes). A workload with one content and the default stop
+    gives exactly the workload as it was before classes and stops existed, so no stored cell is re-measured."""
+    from specsweep.client.contents import MIX, classes_of
+
+    workload = {k: v for k, v in config["workload"].items() if k not in ("classes", "classes_by", "mix")}
+    if workload["stop"] == "fixed":
+        del workload["stop"]
+    content = unit.partition(UNIT_SEP)[2]
+    if not content:
+        return workload
+    classes = classes_of(config["workload"])
+    if content == MIX:
+        mix = {k: float(w) for k, w in config["workload"]["mix"].items() if float(w) > 0}
+        workload["dataset"] = None
+        workload["content"] = {"name": MIX, "mix": mix, "classes": {k: classes[k].spec() for k in mix}}
+    else:
+        workload["dataset"] = classes[content].dataset
+        workload["content"] = classes[content].spec()
+    return workload
+
+
+def content_facts(config: dict[str, Any], unit: str) -> dict[str, Any]:
+    """What a unit's requests held, as the analysis, the table, policy.yaml and MLflow say it: its class (None:
+    the workload's one content), the prompts' source, where answers stopped."""
+    workload = unit_workload(config, unit)
+    content = workload.get("content") or {}
+    if "mix" in content:
+        prompts = "mix: " + ", ".join(f"{k} {w:.0%}" for k, w in content["mix"].items())
+        synthetic = any(c["dataset"] is None for c in content["classes"].values())
+    else:
+        ds = workload["dataset"]
+        synthetic = ds is None
+        prompts = (
+            "synthetic words"
+            if synthetic
+            else f"dataset {ds.get('name') or Path(ds['path']).stem} ({ds['format']})"
+            + (f", category {content['category']}" if content.get("category") else "")
+        )
+    return {
+        "unit": unit,
+        "variant": unit_variant(unit),
+        "content": content.get("name"),
+        "prompts": prompts,
+        "synthetic": synthetic,
+        "stop": config["workload"]["stop"],
+        "output_tokens": config["workload"]["output_tokens"],
+        "engine": variant_config(config, unit)["engine"],
+    }
+
+
+def unit_datasets(config: dict[str, Any], unit: str) -> list[str]:
+    """The workload files a unit's cells read (an edited file re-measures them)."""
+    workload = unit_workload(config, unit)
+    content = workload.get("content") or {}
+    specs = [c["dataset"] for c in content["classes"].values()] if "classes" in content else [workload["dataset"]]
+    return sorted({d["path"] for d in specs if d})
 
 
 def _check_dataset(workload: dict[str, Any]) -> None:
@@ -376,7 +530,7 @@ def policy_arms(config: dict[str, Any]) -> dict[str, str]:
 
 def server_args(config: dict[str, Any], variant: str, arm: str) -> dict[str, Any]:
     """The arm's config with `server_args` merged as the engine sees them: variant, arm, variant-per-arm."""
-    v = (config.get("variants") or {}).get(variant) or {}
+    v = variant_config(config, variant) if config.get("variants") else {}
     a = dict((config.get("arms") or {}).get(arm) or {})
     argv = [
         *(v.get("server_args") or []),
@@ -489,7 +643,7 @@ def speculative_arms(config: dict[str, Any]) -> list[str]:
 
 
 def cells(config: dict[str, Any]) -> list[Cell]:
-    return [Cell(v, a, c) for v in config["variants"] for a in config["arms"] for c in sorted(config["concurrency"])]
+    return [Cell(v, a, c) for v in sweep_units(config) for a in config["arms"] for c in sorted(config["concurrency"])]
 
 
 LEVEL_RANKS = 10**6  # priority steps per server group: levels up to 9,999.99 keep their order
@@ -506,7 +660,7 @@ def cell_priority(config: dict[str, Any], variant: str, arm: str, level: str) ->
     variant, whatever the arms' order: a speculative cell compares its outputs with the baseline cell's."""
     base = config["analysis"]["baseline_arm"]  # first: a speculative cell refers its outputs to the baseline's
     arms = [a for a in config["arms"] if a == base] + [a for a in config["arms"] if a != base]
-    groups = [(v, a) for v in config["variants"] for a in arms]
+    groups = [(v, a) for v in sweep_units(config) for a in arms]
     group = len(groups) - groups.index((variant, arm))
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
@@ -519,7 +673,7 @@ def pairing_mode(config: dict[str, Any], variant: str) -> str:
     mode = config["pairing"]["mode"]
     if mode != "auto":
         return str(mode)
-    fits = config["variants"][variant].get("gpus") in (None, "")
+    fits = variant_config(config, variant).get("gpus") in (None, "")
     return "interleaved" if fits and load_mode(config) == "closed" and len(fixed_arms(config)) > 1 else "sequential"
 
 
@@ -553,7 +707,7 @@ def with_instance(arm_cfg: dict[str, Any], arm: str, instance: int) -> dict[str,
 
 
 def replicated_variants(config: dict[str, Any]) -> list[str]:
-    return [v for v in config["variants"] if instances(config, v) > 1]
+    return [v for v in sweep_units(config) if instances(config, v) > 1]
 
 
 def max_instances(config: dict[str, Any], variant: str) -> int:
@@ -583,7 +737,7 @@ def segments(config: dict[str, Any], variant: str) -> list[tuple[str, int]]:
 def segment_priority(config: dict[str, Any], variant: str, arm: str, instance: int, level: str) -> int:
     """Snakemake priority of an instance cell: the variant's segments in their order, each one's levels from
     the highest down (as `cell_priority`), so each instance starts once and the order is counterbalanced."""
-    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
+    order = [(v, a, k) for v in sweep_units(config) for a, k in segments(config, v)]
     group = len(order) - order.index((variant, arm, instance))
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
@@ -594,18 +748,19 @@ def segment_need_priority(config: dict[str, Any]) -> int:
     after a pair comes before the next pair's first cell; the added pair's cells then run level after level on
     one server start per arm (asked after the next level's cells, a level's added pair would start its servers
     once for itself and once more for the others)."""
-    order = [(v, a, k) for v in config["variants"] for a, k in segments(config, v)]
+    order = [(v, a, k) for v in sweep_units(config) for a, k in segments(config, v)]
     return (len(order) + 1) * LEVEL_RANKS
 
 
 def interleaved_variants(config: dict[str, Any]) -> list[str]:
-    return [v for v in config["variants"] if pairing_mode(config, v) == "interleaved"]
+    return [v for v in sweep_units(config) if pairing_mode(config, v) == "interleaved"]
 
 
 def level_priority(config: dict[str, Any], variant: str, level: str) -> int:
     """Snakemake priority of an interleaved level: a variant's levels back to back, the highest first (the
     order `cell_priority` gives each server's cells, for the same reason)."""
-    group = len(config["variants"]) - list(config["variants"]).index(variant)
+    units = sweep_units(config)
+    group = len(units) - units.index(variant)
     value = float(parse_level(level)[1])
     return group * LEVEL_RANKS + min(int(round(value * 100)), LEVEL_RANKS - 1)
 
@@ -621,6 +776,7 @@ def model_dir(results_dir: str, experiment: str, variant_name: str) -> Path:
 
 def variant_for_server(spec_or_config: dict[str, Any], variant_name: str, absolute: bool = True) -> dict[str, Any]:
     """The variant as its server needs it: a built model's path filled in (absolute unless asked otherwise)."""
+    variant_name = unit_variant(variant_name)  # a unit's server is its variant's
     variants = spec_or_config.get("variants") or {variant_name: spec_or_config["variant"]}
     variant = dict(variants[variant_name])
     if variant.get("model_builder"):
@@ -660,7 +816,9 @@ def cell_spec(
         arm_cfg = {**arm_cfg, "schedule": served["schedule"]}
         if served.get("file"):
             arm_cfg["schedule_file"] = served["file"]
-        if config["variants"][variant].get("engine") == "sglang" and all(int(k) == 0 for *_, k in served["schedule"]):
+        if variant_config(config, variant).get("engine") == "sglang" and all(
+            int(k) == 0 for *_, k in served["schedule"]
+        ):
             # No drafting at any load: SGLang would be started with --speculative-num-steps 0 and a draft model;
             # the deployment that serves this schedule is plain decoding, so the cell serves the baseline's command.
             served_by = config["analysis"]["baseline_arm"]
@@ -721,7 +879,7 @@ def _common_cell_spec(
         "experiment": config["experiment"],
         "results_dir": config["results_dir"],
         "variant_name": variant,
-        "variant": _variant_for_arm(config["variants"][variant], arm),
+        "variant": _variant_for_arm(variant_config(config, variant), arm),
         "arm_name": name or arm,
         "arm": arm_cfg,
         # interleaved: measured in alternating blocks with these arms (a change of mode or arms re-measures)
@@ -731,7 +889,7 @@ def _common_cell_spec(
             else {"mode": "sequential"}
         ),
         "repeats": config["repeats"],
-        "workload": config["workload"],
+        "workload": unit_workload(config, variant),
         "client": config["client"],
         # interleaved levels measure until their answer is known (a change re-measures them)
         **({"precision": config["precision"]} if pairing_mode(config, variant) == "interleaved" else {}),
@@ -764,7 +922,9 @@ def analysis_spec(config: dict[str, Any], variants: list[str]) -> dict[str, Any]
         "slo": config["slo"],
         "arms": config["arms"],
         "policy": config["policy"],
-        "variants": {v: config["variants"][v] for v in variants},
+        "variants": {v: variant_config(config, v) for v in variants},
+        # what each unit sent: its content and where its answers stopped (a content warning is judged from it)
+        "contents": {v: content_facts(config, v) for v in variants},
     }
 
 
@@ -796,7 +956,11 @@ def preflight_spec(config: dict[str, Any], variant: str) -> dict[str, Any]:
         name: list(arm.get("server_args", [])) + list(v.get("arm_server_args", {}).get(name, []))
         for name, arm in config["arms"].items()
     }
+    units = [u for u in sweep_units(config) if unit_variant(u) == variant]
+    speculative = any(arm.get("speculative") for arm in config["arms"].values())
     return {
+        # what each of its units sends, where its arms speculate (a content warning is judged from it)
+        "contents": [content_facts(config, u) for u in units] if speculative else [],
         "results_dir": config["results_dir"],
         "envs_dir": config["envs_dir"],
         "variant": variant,
@@ -808,12 +972,12 @@ def preflight_spec(config: dict[str, Any], variant: str) -> dict[str, Any]:
 
 def startup_timeout_s(config: dict[str, Any], variant: str) -> int:
     """The variant's server start-up timeout (a resource of the cell rule, so changing it reruns nothing)."""
-    return math.ceil(config["variants"][variant]["startup_timeout_s"])
+    return math.ceil(variant_config(config, variant)["startup_timeout_s"])
 
 
 def slurm_resources(config: dict[str, Any], variant: str) -> dict[str, Any]:
     """The variant's job resources in the SLURM executor plugin's names (None: the cluster's default)."""
-    v = config["variants"][variant]
+    v = variant_config(config, variant)
     s = v["slurm"]
     gpus = s["gpus"] if s["gpus"] is not None else (v["tp"] if v["engine"] == "sglang" else None)
     return {

@@ -6,10 +6,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from specsweep.analysis.contents import format_contents
 from specsweep.analysis.table import format_table
+from specsweep.config import sweep_units, unit_variant
 from specsweep.io import read_json
 from specsweep.measure.summary import read_judged
-from specsweep.records import CROSSOVER_FIX, Crossover, read
+from specsweep.records import CROSSOVER_FIX, Contents, Crossover, read
 from specsweep.tracking.uri import is_server_uri, ui_base, ui_command, ui_view_url
 from specsweep.tracking.view import VIEW_NAME
 
@@ -26,12 +28,20 @@ def _table(path: Path) -> str:
         return f"{path}: cannot show the table ({type(exc).__name__}: {exc}); the file itself is intact"
 
 
+def _contents(path: Path) -> str:
+    """A variant's classes side by side (contents.json); a file this version cannot lay out is named."""
+    try:
+        return format_contents(read(Contents, path, CROSSOVER_FIX)[1])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"{path}: cannot show the classes ({type(exc).__name__}: {exc}); the file itself is intact"
+
+
 def invalid_cells(config: dict[str, Any]) -> list[tuple[Path, list[str]]]:
     """(summary.json, reasons) of every stored cell of the experiment's variants that its gates call invalid."""
     res = Path(config["results_dir"]) / config["experiment"]
     out = []
-    for variant in config["variants"]:
-        for path in sorted(res.glob(f"{variant}/*/*/summary.json")):
+    for unit in sweep_units(config):
+        for path in sorted(res.glob(f"{unit}/*/*/summary.json")):
             try:
                 v = read_judged(path.parent, config["gates"], config["slo"])[0]["validity"]
             except (OSError, ValueError, KeyError) as exc:  # a cell this version cannot judge: re-measure it too
@@ -64,16 +74,21 @@ def _invalid_lines(config: dict[str, Any], configfiles: list[str] | None) -> lis
 def final_text(config: dict[str, Any], configfiles: list[str] | None = None) -> str:
     res = Path(config["results_dir"]) / config["experiment"]
     lines = ["", "=" * 100]
+    units = sweep_units(config)
     for variant in config["variants"]:
-        path = res / variant / "crossover.json"
-        if path.is_file():
-            lines += [
-                _table(path),
-                f"  -> {path} (plots: {res / variant / 'plots'}, policy: {res / variant / 'policy.yaml'})",
-                "",
-            ]
-        else:
-            lines.append(f"{config['experiment']}/{variant}: no crossover.json yet")
+        contents = res / variant / "contents.json"
+        if contents.is_file():  # the classes side by side first: where they disagree is said before any table
+            lines += [_contents(contents), f"  -> {contents}", ""]
+        for unit in (u for u in units if unit_variant(u) == variant):
+            path = res / unit / "crossover.json"
+            if path.is_file():
+                lines += [
+                    _table(path),
+                    f"  -> {path} (plots: {res / unit / 'plots'}, policy: {res / unit / 'policy.yaml'})",
+                    "",
+                ]
+            else:
+                lines.append(f"{config['experiment']}/{unit}: no crossover.json yet")
     comparison = res / "comparison" / "comparison_table.csv"
     if comparison.is_file():
         lines.append(f"variants compared arm by arm: {comparison} (plots beside it)")

@@ -15,6 +15,7 @@ import numpy as np
 
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, CellBootstrap, MetricSpec, bootstrap_cell, cell_rng
 from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
+from specsweep.analysis.contents import level_content
 from specsweep.analysis.crossover import INTERPOLANTS
 from specsweep.analysis.curve import json_float, metric_result
 from specsweep.analysis.noise import noise_floor, within_noise_notes
@@ -94,6 +95,7 @@ def analyze_arm(
             row["output_match"] = output_match(
                 base_cells[c].outputs, spec_cells[c].outputs, referral, settings.output_tie_nats
             )
+        row["content"] = level_content(base_cells.get(c), spec_cells.get(c))
         row["used"] = usable
         per_level.append(row)
         if usable:

@@ -49,6 +49,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "specsweep.cli.schedule",
         "derive each speculative arm's schedule (K per load)",
     ),
+    "contents": ("specsweep.cli.contents", "a variant's answer per content class and for its traffic mix"),
     "compare": ("specsweep.cli.compare", "compare variants arm by arm"),
     "track": ("specsweep.cli.track", "log cells and crossovers to MLflow"),
     "config-doc": ("specsweep.cli.config_doc", "print (or --write) config/README.md from the config schema"),

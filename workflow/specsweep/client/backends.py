@@ -25,6 +25,8 @@ from specsweep.client.fasthttp import FastPool, HTTPStatusError
 
 BACKENDS = ("sglang", "openai")
 ENDPOINTS = ("completions", "chat")
+STOPS = ("fixed", "natural")  # workload.stop: every request its full length (ignore_eos), or the model's end of text
+CONTENT_HEADER = "X-Specsweep-Content"  # a request's content class; real engines ignore it, the simulated one reads it
 TRANSPORTS = ("fast", "aiohttp")
 ERROR_KINDS = ("http", "timeout", "connection", "malformed", "truncated", "short_output")
 _BODY_HEAD = 300  # characters of an error body kept in the message
@@ -57,6 +59,8 @@ class RequestRecord:
     # the whole text, in memory only (not a requests.parquet column): the level job refers a difference to the
     # reference arm's server while it is up (client/referral.py)
     output_text: str = ""
+    content: str = ""  # the content class of its prompt (workload.classes; "" when the workload has one content)
+    finish_reason: str = ""  # why the server ended it: "stop" (end of text), "length" (the cap), "" not reported
     ok: bool = False
     error_kind: str = ""
     error: str = ""
@@ -74,6 +78,7 @@ class RequestSpec:
     request_timeout_s: float = 120.0
     api_key: str | None = None  # sent as Authorization: Bearer; never logged or stored
     transport: str = "fast"  # "fast" (specsweep.client.fasthttp) or "aiohttp"
+    stop: str = "fixed"  # "fixed": exactly the asked tokens (ignore_eos); "natural": the asked tokens are a cap
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,19 +87,26 @@ class RequestSpec:
             raise ValueError(f"unknown endpoint {self.endpoint!r}; expected one of {ENDPOINTS}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {self.transport!r}; expected one of {TRANSPORTS}")
+        if self.stop not in STOPS:
+            raise ValueError(f"unknown stop {self.stop!r}; expected one of {STOPS}")
 
     def __repr__(self) -> str:  # keep the key out of any log line that prints the spec
         key = "***" if self.api_key else None
         return (
             f"RequestSpec(url={self.url!r}, backend={self.backend!r}, endpoint={self.endpoint!r}, "
             f"model={self.model!r}, temperature={self.temperature}, "
-            f"request_timeout_s={self.request_timeout_s}, transport={self.transport!r}, api_key={key})"
+            f"request_timeout_s={self.request_timeout_s}, transport={self.transport!r}, stop={self.stop!r}, "
+            f"api_key={key})"
         )
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, content: str = "") -> dict[str, str]:
+        """The request's headers; `content` names its content class (`CONTENT_HEADER`) where the workload has
+        several."""
         h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
+        if content:
+            h[CONTENT_HEADER] = content
         return h
 
     def path(self) -> str:
@@ -109,7 +121,8 @@ class RequestSpec:
 
     def payload(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int) -> dict[str, Any]:
         """The request body. `prompt` is text, or chat messages for a chat endpoint (text goes there as one
-        user message); /generate and completions take text only (a chat template applied beforehand)."""
+        user message); /generate and completions take text only (a chat template applied beforehand). A fixed
+        stop asks for `max_tokens` exactly (ignore_eos); a natural one for at most that many."""
         if not isinstance(prompt, str) and not self.sends_messages:
             raise ValueError(f"{self.path()} takes text, not chat messages; apply a chat template first")
         if self.backend == "sglang":
@@ -118,14 +131,14 @@ class RequestSpec:
                 "sampling_params": {
                     "max_new_tokens": max_tokens,
                     "temperature": self.temperature,
-                    "ignore_eos": True,
+                    **({"ignore_eos": True} if self.stop == "fixed" else {}),
                 },
                 "stream": True,
             }
         body: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": self.temperature,
-            "ignore_eos": True,
+            **({"ignore_eos": True} if self.stop == "fixed" else {}),
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
@@ -160,7 +173,7 @@ async def send_request(
     """
     url = spec.url.rstrip("/") + spec.path()
     body = json.dumps(spec.payload(prompt, record.expected_output_tokens)).encode()
-    headers = spec.headers()
+    headers = spec.headers(record.content)
     parser: SGLangParser | OpenAIParser = (
         SGLangParser(record) if spec.backend == "sglang" else OpenAIParser(record, spec.endpoint == "chat")
     )
@@ -184,7 +197,7 @@ async def send_request(
         _fail(record, "malformed", f"unexpected {type(e).__name__}: {e}")
     else:
         record.end_s = monotonic()
-        _check_output(record)
+        _check_output(record, spec.stop)
     return record
 
 
@@ -216,11 +229,19 @@ def _fail(record: RequestRecord, kind: str, message: str) -> None:
     record.error = message
 
 
-def _check_output(record: RequestRecord) -> None:
-    """ignore_eos means every request must produce exactly what was asked; fewer is a failed measurement."""
+def _check_output(record: RequestRecord, stop: str = "fixed") -> None:
+    """A fixed stop (ignore_eos) means every request must produce exactly what was asked: fewer is a failed
+    measurement. A natural stop ends where the model's text ends: any length up to the cap is an answer, more
+    than the cap is not (the server ignored it)."""
     produced = record.output_tokens
     if record.server_output_tokens >= 0:
         produced = min(produced, record.server_output_tokens) if produced else record.server_output_tokens
+    if stop == "natural":
+        record.ok = produced <= record.expected_output_tokens
+        if not record.ok:
+            record.error_kind = "malformed"
+            record.error = f"{produced} tokens, past the cap of {record.expected_output_tokens} (max_tokens ignored)"
+        return
     if record.output_tokens == 0 or produced < record.expected_output_tokens:
         record.ok = False
         record.error_kind = "short_output"
@@ -349,6 +370,8 @@ class SGLangParser(_SSEParser):
             self.prev = ct
         if meta.get("finish_reason") is not None:
             self.finished = True
+            reason = meta["finish_reason"]
+            self.rec.finish_reason = str(reason.get("type", "") if isinstance(reason, dict) else reason)
 
     def _totals(self) -> None:
         rec, meta = self.rec, self.meta
@@ -412,6 +435,7 @@ class OpenAIParser(_SSEParser):
             record_chunk(self.rec, now, n, obj)
         if fin is not None:
             self.finished = True
+            self.rec.finish_reason = str(fin)
 
     def _totals(self) -> None:
         rec = self.rec

@@ -9,10 +9,25 @@ Nothing is downloaded: `workload.dataset.path` names a local file. Formats:
 - `mtbench`: JSONL of `{"question_id", "category"?, "turns": ["...", ...], "reference"?: ["...", ...]}`: the
   first turn as the user message, the reference answer `reference[0]`;
 - `chat-jsonl`: JSONL of `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}],
-  "reference"?: "...", "output_tokens"?: N}` ending with a user message.
+  "reference"?: "...", "output_tokens"?: N}` ending with a user message;
+- `speed-bench`: NVIDIA's SPEED-Bench rows, `{"question_id", "category", "sub_category"?, "turns": ["...", ...],
+  "source"?, "difficulty"?, "multiturn"?}`, from a `.jsonl` or `.parquet` file (by its extension): the first turn
+  as the user message, no reference answer. SPEED-Bench is the public Hugging Face dataset `nvidia/SPEED-Bench`;
+  its "qualitative" split holds 880 prompts in 11 categories of 80. Download it yourself (specsweep never
+  downloads), e.g. `huggingface-cli download nvidia/SPEED-Bench --repo-type dataset`, and check the dataset
+  card for the current file layout;
+- `chat-log`: a production request log, one JSON line per request: `{"messages": [...], "category"?, "class"?,
+  "max_tokens"?, ...}` or the request nested, `{"request": {"messages": [...], "max_tokens"?}, "response"?}`.
+  OpenAI chat messages (content a string or a list of text parts; `developer` read as system); a trailing
+  assistant message is the logged answer: the reference, not sent. `max_tokens` (or `max_completion_tokens`)
+  becomes the entry's output_tokens; other fields (ids, timestamps, users) are ignored.
 
-Every error names the file, the line (JSONL) or array index (sharegpt), the field and the fix: a bad file stops
-the run at config validation, before any server starts (`config._check_semantics`, and `cell.run_cell`).
+`Entry.category` is the entry's content class where the format has one (mtbench's and SPEED-Bench's
+`category`, a chat log's `category` or `class`): a stripped string, None where absent or blank.
+
+Every error names the file, the line (JSONL), array index (sharegpt) or row (parquet, from 0 as pandas'
+`iloc`), the field and the fix: a bad file stops the run at config validation, before any server starts
+(`config._check_semantics`, and `cell.run_cell`).
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("prompts-jsonl", "sharegpt", "mtbench", "chat-jsonl")
+FORMATS = ("prompts-jsonl", "sharegpt", "mtbench", "chat-jsonl", "speed-bench", "chat-log")
 CHAT_MODES = ("first_turn", "history")
 Message = dict[str, str]
 # ShareGPT's speakers, with the aliases public dumps use (user, and the assistants' product names)
@@ -39,6 +54,10 @@ _SHAREGPT_ROLES = {
     "system": "system",
 }
 _CHAT_ROLES = ("system", "user", "assistant")
+# a chat log's roles: OpenAI's `developer` is the newer name of the system message
+_LOG_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_LOG_TOOL_FIX = "drop the logged requests with tool messages or tool calls (only plain chat is replayed)"
+_SPEED_BENCH_SUFFIXES = (".jsonl", ".parquet")
 
 
 class DatasetError(ValueError):
@@ -52,7 +71,8 @@ class Entry:
     messages: tuple[Message, ...]
     reference: str | None  # the reference answer, where the format has one
     output_tokens: int | None  # the entry's own output length (takes precedence over workload.output_tokens)
-    where: str  # "file:line" or "file[index]", for error messages
+    where: str  # "file:line", "file[index]" or "file row N", for error messages
+    category: str | None = None  # the content class, where the format has one (stripped; None where absent)
 
     @property
     def single_turn(self) -> bool:
@@ -117,13 +137,21 @@ def load_dataset(path: str | Path, fmt: str, name: str | None = None, chat: str 
         raise DatasetError(
             f"dataset file {p} does not exist (relative paths resolve from {Path.cwd()}); fix workload.dataset.path"
         )
+    mode = None
     if fmt == "sharegpt":
         mode = chat or "first_turn"
         entries = [_sharegpt_entry(obj, f"{p}[{i}]", mode) for i, obj in _json_array(p)]
+    elif fmt == "speed-bench" and _speed_bench_suffix(p) == ".parquet":
+        entries = [_speed_bench_entry(obj, f"{p} row {i}") for i, obj in _parquet_rows(p)]
     else:
-        read = {"prompts-jsonl": _prompts_entry, "mtbench": _mtbench_entry, "chat-jsonl": _chat_entry}[fmt]
+        read = {
+            "prompts-jsonl": _prompts_entry,
+            "mtbench": _mtbench_entry,
+            "chat-jsonl": _chat_entry,
+            "speed-bench": _speed_bench_entry,
+            "chat-log": _chat_log_entry,
+        }[fmt]
         entries = [read(obj, f"{p}:{n}") for n, obj in _jsonl_objects(p)]
-        mode = None
     if not entries:
         raise DatasetError(f"{p}: no entries; a {fmt} file needs at least one (see docs/metrics.md, 'Workloads')")
     return Dataset(str(p), fmt, name or p.stem, mode, file_sha256(p), tuple(entries))
@@ -165,6 +193,36 @@ def _json_array(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield i, obj
 
 
+def _speed_bench_suffix(p: Path) -> str:
+    """SPEED-Bench ships as JSONL or Parquet; the extension says which reader, so a misnamed file fails here."""
+    suffix = p.suffix.lower()
+    if suffix not in _SPEED_BENCH_SUFFIXES:
+        raise DatasetError(
+            f"{p}: a speed-bench file must end in .jsonl or .parquet (its extension picks the reader), not "
+            f"{suffix or 'no extension'}; rename or convert the file and fix workload.dataset.path"
+        )
+    return suffix
+
+
+def _parquet_rows(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row index from 0, row) per Parquet row; a null is an absent field, as a JSONL line would leave it out."""
+    import pyarrow.parquet as pq  # imported here: config validation of other formats stays light
+
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DatasetError(f"{p}: not a readable Parquet file ({e}); give a .parquet table or a .jsonl file") from None
+    for i, row in enumerate(rows):
+        yield i, {k: v for k, v in row.items() if v is not None}
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars (a Parquet list column read through pandas) as Python lists and scalars."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    return value
+
+
 def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, fix: str) -> Any:
     """obj[key] of the expected type, else an error naming the place, the field and the fix."""
     if key not in obj:
@@ -195,6 +253,16 @@ def _user(text: str) -> tuple[Message, ...]:
     return ({"role": "user", "content": text},)
 
 
+def _category(obj: dict[str, Any], where: str, keys: tuple[str, ...] = ("category",)) -> str | None:
+    """The first of `keys` present, stripped (a class name compares as plain text); None where absent or blank."""
+    for key in keys:
+        if obj.get(key) is None:
+            continue
+        value = _field(obj, key, str, where, f"give '{key}' as a string (the content class) or drop it")
+        return value.strip() or None
+    return None
+
+
 def _prompts_entry(obj: dict[str, Any], where: str) -> Entry:
     prompt = _field(obj, "prompt", str, where, 'write {"prompt": "...", "output_tokens": N?}')
     return Entry(_user(_text(prompt, where, "prompt")), None, _output_tokens(obj, where), where)
@@ -209,7 +277,22 @@ def _mtbench_entry(obj: dict[str, Any], where: str) -> Entry:
     if reference is not None:
         ref = _field(obj, "reference", list, where, 'write "reference": ["answer to turn 1", ...] or drop it')
         reference = _text(ref[0], where, "reference[0]") if ref else None
-    return Entry(_user(_text(turns[0], where, "turns[0]")), reference, _output_tokens(obj, where), where)
+    first = _text(turns[0], where, "turns[0]")
+    return Entry(_user(first), reference, _output_tokens(obj, where), where, _category(obj, where))
+
+
+def _speed_bench_entry(obj: dict[str, Any], where: str) -> Entry:
+    """A SPEED-Bench row: its first turn, sent as mtbench's is, and its category (the content class)."""
+    obj = {k: _plain(v) for k, v in obj.items()}
+    _field(obj, "question_id", (int, str), where, "give each row its 'question_id' (a string or an integer)")
+    category = _field(obj, "category", str, where, "give each row its 'category' (the content class, a string)")
+    if not category.strip():
+        raise DatasetError(f"{where}: field 'category' is blank; give each row its content class or drop the row")
+    turns = _field(obj, "turns", list, where, 'give each row "turns": ["first user turn", ...]')
+    if not turns:
+        raise DatasetError(f"{where}: field 'turns' is empty; give at least the first user turn or drop the row")
+    first = _text(turns[0], where, "turns[0]")
+    return Entry(_user(first), None, _output_tokens(obj, where), where, category.strip())
 
 
 def _chat_entry(obj: dict[str, Any], where: str) -> Entry:
@@ -230,6 +313,67 @@ def _chat_entry(obj: dict[str, Any], where: str) -> Entry:
     if reference is not None:
         reference = _text(reference, where, "reference")
     return Entry(tuple(messages), reference, _output_tokens(obj, where), where)
+
+
+def _log_content(m: dict[str, Any], at: str) -> str:
+    """A logged message's text: a string, or OpenAI's list of parts with the text parts joined."""
+    content = m.get("content")
+    if not isinstance(content, list):
+        return _text(content, at, "content")
+    texts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise DatasetError(
+                f"{at}: field 'content[{k}]' is a {kind!r} part; only text is supported: drop the line or its "
+                "non-text parts"
+            )
+        texts.append(_field(part, "text", str, f"{at} content[{k}]", "give the text part its 'text' string"))
+    return _text("\n".join(texts), at, "content")
+
+
+def _log_output_tokens(request: dict[str, Any], where: str) -> int | None:
+    """The logged request's own cap: max_completion_tokens (OpenAI's current name), else max_tokens."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        if request.get(key) is None:
+            continue
+        n = _field(request, key, int, where, "give a positive integer or drop the field")
+        if n < 1:
+            raise DatasetError(f"{where}: field '{key}' is {n}; give a positive integer or drop the field")
+        return int(n)
+    return None
+
+
+def _chat_log_entry(obj: dict[str, Any], where: str) -> Entry:
+    """A logged request: its messages up to the last user turn; a trailing logged answer is the reference."""
+    request = obj
+    if obj.get("request") is not None:
+        request = _field(obj, "request", dict, where, 'nest the logged request as "request": {"messages": [...]}')
+    raw = _field(request, "messages", list, where, 'log each request as {"messages": [{"role": "user", ...}]}')
+    roles = ", ".join(_LOG_ROLES)
+    messages = []
+    for j, m in enumerate(raw):
+        at = f"{where} messages[{j}]"
+        if not isinstance(m, dict):
+            raise DatasetError(f"{at}: a {type(m).__name__}, not an object with 'role' and 'content'")
+        role = _field(m, "role", str, at, f"use one of {roles}")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise DatasetError(f"{at}: a tool message or tool call; {_LOG_TOOL_FIX}")
+        if role not in _LOG_ROLES:
+            raise DatasetError(f"{at}: field 'role' is {role!r}; use one of {roles}")
+        messages.append({"role": _LOG_ROLES[role], "content": _log_content(m, at)})
+    reference = None
+    if messages and messages[-1]["role"] == "assistant":
+        reference = messages.pop()["content"]
+    if not messages or messages[-1]["role"] != "user":
+        raise DatasetError(
+            f"{where}: field 'messages' must end with a user message (the turn to answer), or with one logged "
+            "assistant answer after it; fix or drop the line"
+        )
+    category = _category(obj, where, ("category", "class"))
+    if category is None and request is not obj:
+        category = _category(request, where, ("category", "class"))
+    return Entry(tuple(messages), reference, _log_output_tokens(request, where), where, category)
 
 
 def _sharegpt_entry(obj: dict[str, Any], where: str, mode: str) -> Entry:
@@ -265,6 +409,8 @@ def check_reference_lengths(dataset: Dataset) -> None:
                 "sharegpt": "conversations (a gpt turn after the human turn sent)",
                 "mtbench": "reference",
                 "chat-jsonl": "reference",
+                "chat-log": "logged answer (an assistant message ending 'messages') or max_tokens",
+                "speed-bench": "output_tokens (SPEED-Bench has no reference answers)",
                 "prompts-jsonl": "output_tokens (this format has no reference answers)",
             }[dataset.format]
             raise DatasetError(

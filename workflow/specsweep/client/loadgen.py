@@ -55,6 +55,8 @@ RECORD_SCHEMA = pa.schema(
         ("cached_tokens", pa.int64()),
         ("output_sha256", pa.string()),
         ("output_prefix", pa.string()),
+        ("content", pa.string()),
+        ("finish_reason", pa.string()),
         ("ok", pa.bool_()),
         ("error_kind", pa.string()),
         ("error", pa.string()),
@@ -198,6 +200,7 @@ async def run_closed_loop(
 
     async def send(pi: int, out: int, slot: int, ramp: bool) -> None:
         rec = RequestRecord(len(records), pi, out, prompts.input_tokens[pi], slot=slot, ramp=ramp)
+        rec.content = prompts.content(pi)
         records.append(rec)
         await send_request(session, spec, prompts.request(pi, spec.sends_messages), rec)
         if deadline[0] == math.inf and duration_s is not None:
@@ -277,6 +280,7 @@ async def run_open_loop(
         rec = RequestRecord(i, i, out, prompts.input_tokens[i], slot=-1, ramp=False)
         rec.scheduled_s = planned
         rec.held_s = held
+        rec.content = prompts.content(i)
         records.append(rec)
         tasks.append(asyncio.create_task(send(rec, prompts.prompts[i])))
     await asyncio.gather(*tasks)

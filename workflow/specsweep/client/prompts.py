@@ -66,6 +66,8 @@ class PromptSet:
     # the text sent to SGLang's /generate where the chat template was applied client-side (`templated`)
     templated: list[str] | None = None
     dataset: dict[str, Any] | None = None  # the dataset's facts (Dataset.describe), None for synthetic prompts
+    # each prompt's content class (workload.classes; client/contents.py), None: the workload has one content
+    contents: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -90,7 +92,12 @@ class PromptSet:
             output_tokens=self.output_tokens[:n],
             messages=cut(self.messages),
             templated=cut(self.templated),
+            contents=cut(self.contents),
         )
+
+    def content(self, i: int) -> str:
+        """Prompt i's content class ("" where the workload has one content)."""
+        return self.contents[i] if self.contents is not None else ""
 
     def request(self, i: int, chat: bool) -> str | Messages:
         """What request i sends: text (templated where a chat template was applied here), or, to a chat

@@ -27,6 +27,7 @@ from specsweep.client.arrivals import (
     trace_prompts,
 )
 from specsweep.client.backends import RequestSpec
+from specsweep.client.contents import labelled, mix_level_prompts
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.datasets import Dataset, DatasetError
 from specsweep.client.loadgen import LevelResult, measure_level, new_session, warmup_count
@@ -95,7 +96,12 @@ def fixed_output_tokens(output: Any) -> int:
 
 
 def read_workload_dataset(workload: dict[str, Any]) -> Dataset | None:
-    """The workload's dataset, checked again before any server is asked for (the cell can run standalone)."""
+    """The workload's dataset, checked again before any server is asked for (the cell can run standalone); None
+    for the traffic mix, whose classes read their own (`build_prompts`)."""
+    if "mix" in (workload.get("content") or {}):
+        for part in workload["content"]["classes"].values():
+            read_workload_dataset({**workload, "dataset": part["dataset"], "content": part})
+        return None
     try:
         return read_dataset(workload)
     except DatasetError as e:
@@ -133,25 +139,42 @@ async def build_prompts(
     ramp: int | None = None,
 ) -> LevelPrompts:
     """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level,
-    with their chat-templated text where `render` is given."""
+    with their chat-templated text where `render` is given. A content class's prompts are labelled with it; the
+    traffic mix's are drawn from its classes' own sets by the mix's shares (`client/contents.py`)."""
     workload = spec["workload"]
     if ramp is None:
         ramp = spec["concurrency"] if workload["stagger"] else 0
     if n_warmup is None:
         n_warmup = warmup_count(workload["warmup_requests"], spec["concurrency"])
+    content = workload.get("content")
+    if content and "mix" in content:
+        parts = {}
+        for name, part in content["classes"].items():
+            part_workload = {**workload, "dataset": part["dataset"], "content": part}
+            part_spec = {**spec, "workload": part_workload}
+            part_dataset = read_workload_dataset(part_workload)
+            built = await build_prompts(part_spec, url, headers, tokenizer_path, part_dataset, None, n_warmup, ramp)
+            parts[name] = built
+        mixed = mix_level_prompts(parts, content["mix"], workload["seed"], f"{float(spec['concurrency']):g}")
+        return templated(mixed, render) if render is not None else mixed
+    seed = workload["seed"]
+    if content and dataset is None:  # synthetic classes each their own words (a mix of them repeats no prompt)
+        seed = set_seed(seed, f"class-{content['name']}")
     level = await level_prompts(
         spec["concurrency"],
         spec["n_requests"] + ramp,
         spec["repeats"],
         n_warmup,
         workload["input_tokens"],
-        workload["seed"],
+        seed,
         workload["output_tokens"],
         dataset,
         url=url,
         tokenizer_path=tokenizer_path,
         headers=headers,
     )
+    if content:
+        level = labelled(level, content["name"])
     return templated(level, render) if render is not None else level
 
 
@@ -247,6 +270,7 @@ async def level_inputs(
         temperature=workload["temperature"],
         request_timeout_s=workload["request_timeout_s"],
         api_key=api_key,
+        stop=workload.get("stop", "fixed"),
     )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     if spec.get("load", {}).get("mode", "closed") != "closed":
@@ -283,6 +307,7 @@ def level_summary_of(
             "seed": workload["seed"],
             "warmup_requests": workload["warmup_requests"],
             "duration_s": workload["requests"].get("duration_s"),
+            "content": (workload.get("content") or {}).get("name"),
         }
     )
     if plans is not None:

@@ -29,14 +29,32 @@ def _stored_window(metrics: Mapping[str, Any]) -> tuple[float, float]:
     return (math.nan, math.nan) if start is None or end is None else (float(start), float(end))
 
 
+def output_length_reasons(df: pd.DataFrame, stop: str) -> list[str]:
+    """Answers of the wrong length: under a fixed stop (ignore_eos) any short of its asked length; under a
+    natural one any past its cap (the server ignored it), a shorter one being an answer that ended."""
+    short = int((df["error_kind"] == "short_output").sum())
+    if stop == "natural":
+        long = int(((df["output_tokens"] > df["expected_output_tokens"]) & df["ok"]).sum())
+        reasons = (
+            [f"{long} request(s) produced more output tokens than their cap: the server ignored it"] if long else []
+        )
+    else:
+        short += int(((df["output_tokens"] < df["expected_output_tokens"]) & df["ok"]).sum())
+        reasons = []
+    return reasons + ([f"{short} request(s) produced fewer output tokens than asked"] if short else [])
+
+
 def validity(
     m: Mapping[str, Any],
     df: pd.DataFrame,
     concurrency: int,
     gates: Mapping[str, Any],
     server_max_running: int | None = None,
+    stop: str = "fixed",
 ) -> dict[str, Any]:
     """Gates on one repeat's metrics -> {valid, reasons[], flags[]}. Reasons invalidate; flags inform.
+    `stop` (workload.stop): under a fixed one every answer must be its asked length; under a natural one an
+    answer may end sooner (at the model's end of text), never later.
 
     The client gates judge the client by what can go wrong with it, not by the host's jitter: its own CPU
     time (saturated), its run-queue wait (starved by another task on its core), the closed loop's fidelity
@@ -107,10 +125,7 @@ def validity(
     if err["rate"] > gates["max_error_rate"]:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(err["by_kind"].items()))
         reasons.append(f"error rate {err['rate']:.2%} > {gates['max_error_rate']:.2%} ({kinds})")
-    short = int((df["error_kind"] == "short_output").sum())
-    short += int(((df["output_tokens"] < df["expected_output_tokens"]) & df["ok"]).sum())
-    if short:
-        reasons.append(f"{short} request(s) produced fewer output tokens than asked")
+    reasons += output_length_reasons(df, stop)
     hit = m["prefix_cache"]["hit_rate"]
     if m["prefix_cache"]["source"] is None:
         flags.append("prefix-cache hits not reported by this server: cell isolation not checked")
@@ -347,7 +362,8 @@ def judge(
             "goodput_rps": goodput_rps(sub, slos, *_stored_window(rep["metrics"])),
             "slos": dict(slos),
         }
-        v = validity(m, sub, concurrency, gates, server_max_running)
+        stop = (measured_summary.get("workload") or {}).get("stop", "fixed")
+        v = validity(m, sub, concurrency, gates, server_max_running, stop)
         per_rep.append({**rep, "metrics": m, "validity": v})  # what else the repeat recorded is kept
         valid &= v["valid"]
         prefix = f"repeat {r}: " if multi else ""

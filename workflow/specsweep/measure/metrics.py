@@ -262,6 +262,38 @@ def tokens_per_chunk(df: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def output_lengths(df: pd.DataFrame) -> dict[str, Any]:
+    """Where the measured answers ended: their lengths (p10, p50, p90, mean) and the share that reached their
+    cap (asked length; under a natural stop the rest ended at the model's end of text). With a fixed stop every
+    answer is its cap. Over measured (non-ramp) successful requests."""
+    m = df["ok"].to_numpy(dtype=bool) & measured(df)
+    toks = df["output_tokens"].to_numpy(dtype=float)[m]
+    cap = df["expected_output_tokens"].to_numpy(dtype=float)[m]
+    if not toks.size:
+        return {"n": 0, "mean": None, "p10": None, "p50": None, "p90": None, "cap_share": None}
+    p10, p50, p90 = (float(x) for x in np.percentile(toks, [10, 50, 90]))
+    return {
+        "n": int(toks.size),
+        "mean": float(toks.mean()),
+        "p10": p10,
+        "p50": p50,
+        "p90": p90,
+        "cap_share": float(np.mean(toks >= cap)),
+    }
+
+
+def accept_lengths_per_request(df: pd.DataFrame) -> dict[str, Any]:
+    """Each request's accept length (its tokens over its verify passes) where the engine reports the passes per
+    request (SGLang's and the simulated engine's spec_verify_ct): its distribution over the measured requests.
+    Engines that report counters only (vLLM) give a cell's mean, not this (n 0)."""
+    if "spec_verify_ct" not in df or df.empty:
+        return stats([])
+    m = (df["spec_verify_ct"].to_numpy() > 0) & df["ok"].to_numpy(dtype=bool) & measured(df)
+    sub = df[m]
+    toks = np.where(sub["server_output_tokens"] >= 0, sub["server_output_tokens"], sub["output_tokens"])
+    return stats(np.asarray(toks, dtype=float) / sub["spec_verify_ct"].to_numpy(dtype=float))
+
+
 def accept_length_from_records(df: pd.DataFrame) -> float | None:
     """SGLang: sum of completion tokens / sum of spec_verify_ct over the cell's requests that report it.
 
@@ -490,6 +522,8 @@ def repeat_metrics(
         "request_tok_s": stats(prg["tok_s"]),
         "tokens_per_chunk": tokens_per_chunk(df[good]),
         "accept_length": accept_length_from_records(df),
+        "accept_length_per_request": accept_lengths_per_request(df),
+        "output_lengths": output_lengths(df),
         "loop_lag_ms": stats(np.asarray(lag_samples if lag_samples is not None else [], dtype=float), 1e3),
         "client": client_figures(df, lag_samples or [], idle_lag_samples or [], client),
         "prefix_cache": prefix_cache(df, deltas),

@@ -187,6 +187,7 @@ def level_summary(
         "ramp_requests": level.concurrency if level.stagger else 0,
         "stagger": level.stagger,
         "output_tokens": output_tokens,
+        "stop": spec.stop,
         "temperature": spec.temperature,
         "request_timeout_s": spec.request_timeout_s,
         "repeats": len(level.repeats),
@@ -240,9 +241,15 @@ def read_summary(path: str | Path) -> dict[str, Any]:
 def read_records(path: str | Path) -> pd.DataFrame:
     """requests.parquet, checked against the request record's columns (`client.loadgen.RECORD_SCHEMA`)."""
     df = pd.read_parquet(path)
+    for column in _LATER_COLUMNS:  # a cell measured before they were recorded: unknown, not wrong
+        if column not in df.columns:
+            df[column] = None
     if missing := _lacking_columns(df):
         raise RecordError(f"{path} lacks the request record's column(s) {missing}. Fix: {SUMMARY_FIX}")
     return df
+
+
+_LATER_COLUMNS = ("content", "finish_reason")  # added to the record later; an older cell reads them as null
 
 
 def _lacking_columns(df: pd.DataFrame) -> str:

@@ -6,7 +6,7 @@ but itself."""
 
 from specsweep.records.base import Record, RecordError, check, read
 from specsweep.records.cellspec import CELL_SPEC_FIX, CellSpec
-from specsweep.records.crossover import CROSSOVER_FIX, Crossover
+from specsweep.records.crossover import CROSSOVER_FIX, Contents, Crossover
 from specsweep.records.summary import SUMMARY_FIX, CellSummary, MeasuredLevel, SegmentDecision
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "SUMMARY_FIX",
     "CellSpec",
     "CellSummary",
+    "Contents",
     "Crossover",
     "MeasuredLevel",
     "Record",

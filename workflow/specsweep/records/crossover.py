@@ -48,6 +48,34 @@ class PairedBasis(Record):
     instance_effect: bool | None = Field(None, description="interleaved instances: the pretest found an effect")
 
 
+class LevelContent(Record):
+    """What the level's requests held and where they stopped: the draft acceptance the speedup rests on, and the
+    answers' lengths in both arms (docs/metrics.md "Content classes")."""
+
+    accept_length: float | None = Field(
+        None, description="the speculative arm's tokens per verify pass, the cell's mean (null: not reported)"
+    )
+    accept_length_p50: float | None = Field(None, description="its median over requests (null: not per request)")
+    accept_length_p90: float | None = Field(None, description="its 90th percentile over requests")
+    baseline_output_p50: float | None = Field(None, description="the baseline's median answer, tokens")
+    spec_output_p50: float | None = Field(None, description="the speculative arm's median answer, tokens")
+    baseline_cap_share: float | None = Field(None, description="the baseline's answers that reached their cap")
+    spec_cap_share: float | None = Field(None, description="the speculative arm's answers that reached their cap")
+
+
+class ContentFacts(Record):
+    """What a unit's requests held: its content class, the prompts' source and where answers stopped."""
+
+    unit: str = Field(description="the sweep unit: the variant, or <variant>@<class> / <variant>@mix")
+    variant: str = Field(description="the stack it ran on")
+    content: str | None = Field(description="its class (null: the workload's one content)")
+    prompts: str = Field(description="the prompts' source, in words")
+    synthetic: bool = Field(description="whether any of its prompts are synthetic words")
+    stop: Literal["fixed", "natural"] = Field(description="fixed (ignore_eos, every answer its cap) or natural")
+    output_tokens: Any = Field(description="workload.output_tokens: the length (fixed) or the cap (natural)")
+    engine: str = Field(description="sim, sglang or vllm")
+
+
 class LevelRow(Record):
     """One level of an arm against the baseline."""
 
@@ -67,6 +95,7 @@ class LevelRow(Record):
     )
     paired: PairedBasis | None = Field(None, description="rounds or instances the paired interval rests on")
     precision: LevelPrecision | None = Field(None, description="interleaved levels: the interval's precision")
+    content: LevelContent | None = Field(None, description="acceptance and answer lengths (null: no cells)")
 
 
 class Verdict(Record):
@@ -113,6 +142,19 @@ class PolicyLine(Record):
     verdict: str = Field(description="the arm's verdict kind")
 
 
+class Unmeasured(Record):
+    """The part of a schedule above the highest measured level (`analysis/unmeasured.py`): what it serves there is
+    a default or an extension of the last level's choice, never a measurement."""
+
+    first: int = Field(description="the first running-request count above the highest measured level")
+    last: int = Field(description="the schedule's upper end (the engine's largest batch)")
+    k: int = Field(description="the K the schedule serves there")
+    highest_measured: float = Field(description="the highest level measured")
+    note: str = Field(description="in words: what K there rests on")
+    add_levels: list[int] = Field(description="levels above to add to `concurrency`")
+    command: str = Field(description="the command that measures them")
+
+
 class Schedule(Record):
     """A family's derived schedule: the draft length per load range ([[from, to, K], ...]), or why there is none."""
 
@@ -129,6 +171,45 @@ class Schedule(Record):
             "its cells the schedule's measurement, no policy server started; null: the schedule switches K"
         ),
     )
+    unmeasured: Unmeasured | None = Field(
+        None, description="the range above the highest measured level (null: none, the sweep reaches the upper end)"
+    )
+
+
+class ServedK(Record):
+    """The draft length the engine served in a policy cell, from its own spec-decode counters, beside the one the
+    schedule asked for (`analysis/served.py`). A figure not reported is null, never a default."""
+
+    scheduled: int | None = Field(description="the K the schedule serves at the level (null: no range covers it)")
+    served: int | None = Field(
+        description="the K whose fixed arm at this level drafted the nearest tokens per decode step (0: none; null: "
+        "not reported: SGLang, or counters not read)"
+    )
+    per_step: float | None = Field(description="draft tokens per decode step (null: not reported)")
+    while_drafting: float | None = Field(description="draft tokens per draft (null: no draft, or not reported)")
+    drafting_share: float | None = Field(description="drafts over the cell's decode steps (null: not reported)")
+    drafts: float | None = Field(description="the cell's drafts, counter delta (null: not reported)")
+    draft_tokens: float | None = Field(description="the cell's draft tokens, counter delta (null: not reported)")
+    references: dict[str, Any] | None = Field(
+        description="per K: the draft tokens per decode step that serving it looks like, and from where"
+    )
+    applied: bool | None = Field(description="served equals scheduled (null: not reported, or nothing scheduled)")
+    note: str = Field(description="in words; `served K not reported: <why>` where it is not")
+
+
+class ProofLevel(Record):
+    """One level of a policy proof: the policy cell against the best fixed arm, and the K the engine served."""
+
+    concurrency: float = Field(description="the level")
+    status: str = Field(
+        description="better, holds, caution (the rule's own caution, within the loss it allows), fails, not "
+        "decided, not judged, or not applied (the engine served another K than scheduled: no throughput verdict)"
+    )
+    scheduled_k: int | None = Field(None, description="the K the schedule serves here (absent: an older file)")
+    served_k: ServedK | None = Field(None, description="the K the engine served (absent: an older file)")
+    caution: dict[str, Any] | None = Field(
+        None, description="where the rule chose a smaller K than the best fixed arm's: why, and the loss it allows"
+    )
 
 
 class Proof(Record):
@@ -137,7 +218,10 @@ class Proof(Record):
     policy_arm: str = Field(description="the arm serving the schedule")
     verdict: str = Field(description="in words (`not measured: ...` when the policy arm has no cells)")
     holds: bool | None = Field(description="whether the policy holds everywhere it was judged (null: not judged)")
-    per_level: list[dict[str, Any]] | None = Field(
+    not_applied_levels: list[float] = Field(
+        default_factory=list, description="levels where the engine served another K than the schedule's"
+    )
+    per_level: list[ProofLevel] | None = Field(
         None,
         description=(
             "policy over best fixed arm per level, with its interval and what it `compares`: the mechanism (the "
@@ -172,6 +256,44 @@ class Crossover(Record):
     policy_proof: dict[str, Proof] = Field(default_factory=dict, description="per family with a policy arm")
     noise_floor: dict[str, Any] | None = Field(None, description="A/A comparisons, band per level")
     plots: list[str] = Field(default_factory=list, description="plot files, relative to the variant's folder")
+    content: ContentFacts | None = Field(None, description="what the unit's requests held (null: not configured)")
+    content_warning: str | None = Field(
+        None, description="why the acceptance measured is not production's (null: none, or not a real engine)"
+    )
+
+
+class ClassAnswer(Record):
+    """One unit's answer as contents.json lists it: its class, acceptance and crossover."""
+
+    unit: str = Field(description="<variant>@<class> or <variant>@mix")
+    content: str = Field(description="the class, or mix")
+    prompts: str = Field(description="the prompts' source, in words")
+    arm: str = Field(description="the speculative arm")
+    accept_length: float | None = Field(description="tokens per verify pass at the lowest level (null: not reported)")
+    accept_length_levels: list[float | None] = Field(
+        description="the same at every configured level, in order (null: no cell, or not reported)"
+    )
+    crossover: float | None = Field(description="the crossover estimate (null: none in range)")
+    crossover_lo: float | None = Field(description="its interval's lower end (null: open, below the levels)")
+    crossover_hi: float | None = Field(description="its upper end (null: open, above the levels)")
+    verdict: str = Field(description="the arm's verdict kind")
+    threshold: float | None = Field(description="the policy line's N (null: none)")
+
+
+class Contents(Record):
+    """A variant's contents.json: the answer per content class and for the traffic mix, the spread between the
+    classes, and their disagreements first."""
+
+    schema_version: Literal[1] = Field(description="1")
+    variant: str = Field(description="the stack")
+    engine: str = Field(description="sim, sglang or vllm")
+    source: str = Field(description="simulated, real or mixed")
+    classes: list[ClassAnswer] = Field(description="per class and speculative arm, in the config's order")
+    mix: list[ClassAnswer] = Field(description="the traffic mix's, per speculative arm (empty: no mix)")
+    mix_shares: dict[str, float] | None = Field(description="the mix's share per class (null: no mix)")
+    spread: dict[str, Any] = Field(description="per arm: the lowest and highest class crossover and accept length")
+    disagreements: list[str] = Field(description="class pairs whose crossover intervals do not overlap, in words")
+    warnings: list[str] = Field(description="the units' content warnings")
 
 
 CROSSOVER_FIX = "rerun the analysis (snakemake --forcerun <its crossover.json>)"

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from specsweep.records.cellspec import CellSpec
-from specsweep.records.crossover import Crossover
+from specsweep.records.crossover import Contents, Crossover
 from specsweep.records.summary import CellSummary, MeasuredLevel, SegmentDecision
 
 DOC_PATH = Path(__file__).resolve().parents[3] / "docs" / "records.md"
@@ -17,6 +17,7 @@ FILES = (
     ("summary.json (a pipeline cell)", CellSummary),
     ("summary.json (`specsweep bench`)", MeasuredLevel),
     ("crossover.json", Crossover),
+    ("contents.json", Contents),
     ("the cell spec (a rule's `spec` param)", CellSpec),
     ("a sequential level's next-pair answer (`segments/<level>/after-i<k>.json`)", SegmentDecision),
 )

@@ -23,6 +23,18 @@ class Distribution(Record):
     p99: float | None = Field(None, description="99th percentile")
 
 
+class OutputLengths(Record):
+    """Where the measured answers ended (docs/metrics.md "Natural stops"): with a natural stop at the model's end
+    of text or at the cap, with a fixed one always at the cap."""
+
+    n: int = Field(description="answers (measured, successful requests); 0 leaves the figures null")
+    mean: float | None = Field(None, description="mean tokens")
+    p10: float | None = Field(None, description="10th percentile of tokens")
+    p50: float | None = Field(None, description="median tokens")
+    p90: float | None = Field(None, description="90th percentile of tokens")
+    cap_share: float | None = Field(None, description="share that reached its cap (the tokens asked)")
+
+
 class SteadyWindow(Record):
     """The part of a repeat in which every client slot was busy (docs/metrics.md), seconds from its t0."""
 
@@ -51,6 +63,12 @@ class Metrics(Record):
     ttft_ms: Distribution = Field(description="time to first token")
     tpot_ms: Distribution = Field(description="time per output token after the first, per request")
     e2e_ms: Distribution = Field(description="send to last token")
+    output_lengths: OutputLengths | None = Field(None, description="the answers' lengths (null: an older cell)")
+    accept_length_per_request: Distribution | None = Field(
+        None,
+        description="each request's tokens per verify pass, where the engine reports its passes per request "
+        "(SGLang, the simulated engine; n 0 for vLLM, whose counters give the cell's mean `accept_length`)",
+    )
 
 
 class ServerCpu(Record):
@@ -142,6 +160,10 @@ class Workload(Record):
     request_timeout_s: float = Field(description="a request slower than this failed")
     repeats: int = Field(description="repeats (rounds) of the level")
     prompt_set_sha256: str | None = Field(None, description="all prompts of the level")
+    stop: Literal["fixed", "natural"] = Field(
+        "fixed", description="fixed: every answer its full length (ignore_eos); natural: the length was a cap"
+    )
+    content: str | None = Field(None, description="the unit's content class (workload.classes; mix: the mix)")
 
 
 class MeasuredLevel(Record):
@@ -263,15 +285,34 @@ class ReferredOutput(Record):
     char: int = Field(description="the first character where the two outputs differ")
     token_char: int = Field(description="where the token they part at starts")
     reference_token: str | None = Field(None, description="the reference arm's token there")
-    other_token: str | None = Field(None, description="this arm's token there (null: not among the server's top k)")
+    other_token: str | None = Field(
+        None, description="this arm's token there (null: its text matches none of the server's whole candidates)"
+    )
     reference_logprob: float | None = Field(None, description="the reference token's log-probability")
     other_logprob: float | None = Field(None, description="this arm's token's log-probability")
     margin_nats: float | None = Field(
-        None, description="reference minus this arm's log-probability (null: this arm's token not in the top k)"
+        None, description="reference minus this arm's log-probability (null: this arm's token not matched)"
     )
     steps: int = Field(description="requests sent (one replay)")
     error: str | None = Field(None, description="why it was not referred (the figures are then null)")
     other_head: str = Field("", description="this arm's text from token_char on")
+    reference_id: int | None = Field(None, description="the reference token's id, where the API gives ids (SGLang)")
+    other_id: int | None = Field(None, description="this arm's token's id, where the API gives ids")
+    margin_at_least_nats: float | None = Field(
+        None,
+        description=(
+            "this arm's token not matched: the reference's log-probability minus the highest this arm's token "
+            "could have (the candidate at bound_rank), a lower bound on the margin"
+        ),
+    )
+    bound_rank: int | None = Field(
+        None,
+        description=(
+            "the candidate (from 1) bounding this arm's token: a partial character (its text alone U+FFFD or "
+            "empty, matched by no output text) it may be, else the last (a token outside the top k scores less)"
+        ),
+    )
+    bound_token: str | None = Field(None, description="that candidate's text")
 
 
 class ReferralCheck(Record):

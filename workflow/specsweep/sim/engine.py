@@ -120,6 +120,7 @@ class SimRequest:
     aborted: bool = False
     draft_lag: int = 0  # tokens generated while drafting was off: the draft model's KV cache is behind by these
     plain_tokens: int = 0  # tokens a speculative engine decoded without drafting (its schedule's K = 0)
+    log_accept: float | None = None  # its content class's log acceptance (None: the profile's)
     rng: random.Random | None = field(default=None, repr=False)
     tag: object = field(default=None, repr=False)  # the driver's handle (a stream, a record)
 
@@ -169,6 +170,7 @@ class Engine:
         self.steps = 0
         self.tokens_emitted = 0
         self.verify_steps = 0  # per-sequence verify passes (vLLM "drafts")
+        self.draft_tokens = 0  # draft tokens proposed, each verify pass its step's K (vLLM "draft tokens")
         self.verify_tokens = 0  # tokens emitted by verify passes (SGLang accept length numerator)
         self.accepted_draft_tokens = 0
         self.requests_finished = 0
@@ -179,9 +181,15 @@ class Engine:
         self.catchup_token_s = spec.draft_per_seq_s if spec.catchup_token_s is None else spec.catchup_token_s
 
     def new_request(
-        self, prompt_tokens: int, max_new_tokens: int, arrival: float = 0.0, cached_tokens: int = 0
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        arrival: float = 0.0,
+        cached_tokens: int = 0,
+        accept_prob: float | None = None,
     ) -> SimRequest:
-        """Create and enqueue a request; its acceptance draws come from its own seeded stream.
+        """Create and enqueue a request; its acceptance draws come from its own seeded stream, with its content
+        class's `accept_prob` where given (`Profile.accept_prob`).
 
         `cached_tokens` of the prompt come from a prefix cache and need no prefill (the last prompt token is
         always computed: it yields the first output token)."""
@@ -189,6 +197,8 @@ class Engine:
         self._next_rid += 1
         req = SimRequest(rid=rid, prompt_tokens=max(1, prompt_tokens), max_new_tokens=max_new_tokens, arrival=arrival)
         req.prefilled = max(0, min(cached_tokens, req.prompt_tokens - 1))
+        if accept_prob is not None:
+            req.log_accept = math.log(accept_prob) if accept_prob > 0 else -math.inf
         if self.speculative:
             req.rng = random.Random(self.seed * 1_000_003 + rid)
         self.waiting.append(req)
@@ -208,12 +218,13 @@ class Engine:
 
     def _accepted(self, req: SimRequest, k: int) -> int:
         """Accepted draft prefix length: P(>= i) = a**i, truncated at k (inverse CDF, one draw)."""
-        if self._log_a == -math.inf:
+        log_a = self._log_a if req.log_accept is None else req.log_accept
+        if log_a == -math.inf:
             return 0
         u = req.rng.random() if req.rng is not None else random.random()
         if u <= 0.0:
             return k
-        return min(k, int(math.log(u) / self._log_a))
+        return min(k, int(math.log(u) / log_a))
 
     def step(self, now: float) -> StepResult:
         """Form a batch at `now` and run one step; emissions happen at now + duration."""
@@ -254,6 +265,7 @@ class Engine:
                 req.verify_ct += 1
                 req.accepted_draft_tokens += min(acc, n)
                 self.verify_steps += 1
+                self.draft_tokens += k
                 self.verify_tokens += n
                 self.accepted_draft_tokens += min(acc, n)
             else:

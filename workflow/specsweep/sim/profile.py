@@ -91,6 +91,21 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class ContentProfile:
+    """How one content class behaves on this engine (docs/sim.md "Content classes"): how often its drafts are
+    accepted (templated text and code repeat themselves, free prose does not) and where its answers end when
+    requests stop naturally. A request names its class in the X-Specsweep-Content header; the class `default`
+    stands for every class not listed."""
+
+    accept_prob: float | None = None  # per-token draft acceptance (None: speculative.accept_prob)
+    answer_tokens: int | None = None  # mean answer length at a natural stop (None: answers run to their cap)
+
+
+DEFAULT_CONTENT = "default"  # the `contents` entry for a class the profile does not list (or none named)
+ANSWER_SPREAD = 0.6  # the log-normal spread of natural answer lengths around a class's mean
+
+
+@dataclass(frozen=True)
 class Profile:
     """One simulated engine: model facts, step costs, batching and speculation parameters."""
 
@@ -103,6 +118,17 @@ class Profile:
     speculative: Speculative = field(default_factory=Speculative)
     hardware: Hardware = field(default_factory=Hardware)
     reference: dict[str, Any] = field(default_factory=dict)  # measurements the profile reproduces (free form)
+    contents: dict[str, ContentProfile] = field(default_factory=dict)  # per content class; `default` for the rest
+
+    def content(self, name: str) -> ContentProfile:
+        """The class's behaviour: its own entry, else `default`'s, else the speculative section's acceptance and
+        no natural end."""
+        return self.contents.get(name) or self.contents.get(DEFAULT_CONTENT) or ContentProfile()
+
+    def accept_prob(self, content: str = "") -> float:
+        """Per-token draft acceptance for a content class."""
+        own = self.content(content).accept_prob
+        return self.speculative.accept_prob if own is None else own
 
     def step_costs(self, speculative: bool) -> StepCosts:
         """Step costs for an arm: speculative mode may override some (e.g. verify falling off CUDA graphs)."""
@@ -129,13 +155,15 @@ class Profile:
         per_gpu = hw.kv_bytes_per_token if hw.kv_replicated else hw.kv_bytes_per_token / self.model.tensor_parallel
         return max(0, int(free // (per_gpu * context_tokens)))
 
-    def expected_accept_length(self) -> float:
+    def expected_accept_length(self, content: str = "") -> float:
         """Mean tokens per verify step: accepted draft prefix (truncated geometric) plus the bonus token."""
-        a, k = self.speculative.accept_prob, self.speculative.draft_tokens
+        a, k = self.accept_prob(content), self.speculative.draft_tokens
         return 1.0 + sum(a**i for i in range(1, k + 1))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if not d["contents"]:
+            del d["contents"]
         if not d["speculative"]["step"]:
             d["speculative"]["step"] = {}
         return d
@@ -227,6 +255,20 @@ def _step_overrides(raw: Any) -> dict[str, float]:
     return out
 
 
+def _contents(raw: Any) -> dict[str, ContentProfile]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProfileError("contents: expected a mapping of content class -> {accept_prob, answer_tokens}")
+    out = {str(name): _section(f"contents.{name}", ContentProfile, spec) for name, spec in raw.items()}
+    for name, c in out.items():
+        if c.accept_prob is not None and not 0.0 <= c.accept_prob < 1.0:
+            raise ProfileError(f"contents.{name}.accept_prob: must be in [0, 1), got {c.accept_prob}")
+        if c.answer_tokens is not None and c.answer_tokens < 1:
+            raise ProfileError(f"contents.{name}.answer_tokens: must be >= 1 or null, got {c.answer_tokens}")
+    return out
+
+
 def profile_from_dict(raw: Any, source: str = "<dict>") -> Profile:
     """Build and validate a profile from parsed YAML."""
     if not isinstance(raw, dict):
@@ -245,6 +287,7 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> Profile:
     if not isinstance(ref, dict):
         raise ProfileError("reference: expected a mapping")
     kwargs["reference"] = ref
+    kwargs["contents"] = _contents(raw.get("contents"))
     for name, cls in _SECTIONS.items():
         kwargs[name] = _section(name, cls, raw.get(name))
     profile = Profile(**kwargs)

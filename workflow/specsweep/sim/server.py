@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -16,11 +17,13 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from aiohttp import web
 
 from specsweep.aio import cancel_and_wait
+from specsweep.client.backends import CONTENT_HEADER
 from specsweep.sim.engine import (
     ADMISSION_MAX_S,
     ADMISSION_WINDOW_S,
@@ -31,7 +34,7 @@ from specsweep.sim.engine import (
 )
 from specsweep.sim.faults import FaultConfig, FaultState, HostDrift
 from specsweep.sim.prefixcache import PrefixCache
-from specsweep.sim.profile import Profile
+from specsweep.sim.profile import ANSWER_SPREAD, Profile
 
 SIM_VERSION = "0.1.0-sim"
 LAG_RESET_S = 0.05  # behind schedule by more than this: restart the schedule instead of bursting to catch up
@@ -82,6 +85,17 @@ def output_words(tokens: list[str], n: int, corrupt: bool = False, flip_tie: boo
         words.append(" " + word)
         state = zlib.crc32((" " + word).encode(), state)
     return words
+
+
+def answer_length(tokens: list[str], mean: int | None, cap: int) -> int:
+    """Where a prompt's answer ends at a natural stop: log-normal around its class's `mean` (`ANSWER_SPREAD`),
+    drawn from the prompt alone, so every arm and run ends it at the same token, as greedy decoding does; the
+    cap where the class has no natural end (`mean` None) or the answer would run past it."""
+    if mean is None:
+        return cap
+    u = (zlib.crc32(b"answer-length", prompt_hash(tokens)) + 0.5) / 2**32
+    z = NormalDist().inv_cdf(u)
+    return max(1, min(cap, round(mean * math.exp(ANSWER_SPREAD * z - ANSWER_SPREAD**2 / 2))))
 
 
 def prompt_words(text: Any) -> list[str]:
@@ -236,10 +250,11 @@ class SimServer:
             sys.stdout.flush()
             os._exit(3)
 
-    def _submit(self, tokens: list[str], max_new_tokens: int) -> Stream:
+    def _submit(self, tokens: list[str], max_new_tokens: int, content: str = "") -> Stream:
         now = time.monotonic()
         cached = self.prefix_cache.lookup_and_insert(tokens)
-        req = self.engine.new_request(len(tokens), max_new_tokens, arrival=now, cached_tokens=cached)
+        accept = self.profile.accept_prob(content)
+        req = self.engine.new_request(len(tokens), max_new_tokens, now, cached, accept)
         stream = Stream(req=req, sent_at=now, cached=req.prefilled)
         req.tag = stream
         self.requests_total += 1
@@ -383,12 +398,11 @@ class SimServer:
             f"vllm:prefix_cache_hits_total{label} {self.prefix_cache.hits}",
         ]
         if self.speculative:
-            k = self.profile.speculative.draft_tokens
             lines += [
                 "# TYPE vllm:spec_decode_num_drafts_total counter",
                 f"vllm:spec_decode_num_drafts_total{label} {e.verify_steps}",
                 "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-                f"vllm:spec_decode_num_draft_tokens_total{label} {e.verify_steps * k}",
+                f"vllm:spec_decode_num_draft_tokens_total{label} {e.draft_tokens}",  # the K each pass served
                 "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
                 f"vllm:spec_decode_num_accepted_tokens_total{label} {e.accepted_draft_tokens}",
             ]
@@ -433,17 +447,19 @@ class SimServer:
             tokens = prompt_words(body.get("text", ""))
         prompt_tokens = len(tokens)
         sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
+        cap = int(sp.get("max_new_tokens", 128))
+        max_new, content = self._length(request, tokens, cap, bool(sp.get("ignore_eos")))
+        finish = "length" if max_new >= cap else "stop"
         if body.get("return_logprob") and body.get("top_logprobs_num") and not body.get("stream"):
             words, tops = self._scored(tokens, max_new, int(body["top_logprobs_num"]))
-            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": max_new, "finish_reason": {"type": "length"}}
+            meta = {"prompt_tokens": prompt_tokens, "completion_tokens": max_new, "finish_reason": {"type": finish}}
             meta["output_token_logprobs"] = [[dict(t).get(w, -99.0), 0, w] for w, t in zip(words, tops, strict=True)]
             meta["output_top_logprobs"] = [[[lp, i, w] for i, (w, lp) in enumerate(t)] for t in tops]
             return web.json_response({"text": "".join(words), "meta_info": meta})
-        err = self._check_request(prompt_tokens, max_new)
+        err = self._check_request(prompt_tokens, cap)
         if err is not None:
             return err
-        stream = self._submit(tokens, max_new)
+        stream = self._submit(tokens, max_new, content)
         cached = stream.cached
         rid = f"{stream.req.rid:032x}"
         words = self._words(tokens, max_new)
@@ -454,7 +470,9 @@ class SimServer:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": pos,
                 "cached_tokens": cached,
-                "finish_reason": {"type": "length", "length": pos} if finished else None,
+                "finish_reason": ({"type": "length", "length": pos} if finish == "length" else {"type": "stop"})
+                if finished
+                else None,
             }
             if finished:
                 meta["e2e_latency"] = time.monotonic() - stream.sent_at
@@ -477,6 +495,14 @@ class SimServer:
             if not stream.done:
                 self.engine.abort(stream.req)
 
+    def _length(self, request: web.Request, tokens: list[str], max_new: int, ignore_eos: bool) -> tuple[int, str]:
+        """(tokens the answer has, its content class): all `max_new` under ignore_eos, else where the class's
+        answers end (`answer_length`)."""
+        content = request.headers.get(CONTENT_HEADER, "")
+        if ignore_eos:
+            return max_new, content
+        return answer_length(tokens, self.profile.content(content).answer_tokens, max_new), content
+
     def _words(self, tokens: list[str], max_new: int) -> list[str]:
         h = prompt_hash(tokens)
         return output_words(tokens, max_new, self.fault_state.corrupts(h), self.fault_state.flips_tie(h))
@@ -491,13 +517,15 @@ class SimServer:
             state = zlib.crc32(w.encode(), state)
         return words, tops
 
-    def _replay_logprobs(self, body: dict[str, Any], tokens: list[str], chat: bool, max_new: int) -> web.Response:
+    def _replay_logprobs(
+        self, body: dict[str, Any], tokens: list[str], chat: bool, max_new: int, finish: str
+    ) -> web.Response:
         """A greedy request with log-probabilities (client/referral.py's replay), answered at once, outside the
         timing model. Completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`."""
         k = int(body.get("top_logprobs") or 1) if chat else int(body["logprobs"])
         words, tops = self._scored(tokens, max_new, k)
         text = "".join(words)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if chat:
             content = [
                 {
@@ -533,13 +561,15 @@ class SimServer:
         body = await _json_body(request)
         tokens = _chat_prompt(body) if chat else _completion_prompt(body)
         prompt_tokens = len(tokens)
-        max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        cap = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        max_new, content = self._length(request, tokens, cap, bool(body.get("ignore_eos")))
+        finish = "length" if max_new >= cap else "stop"
         if body.get("logprobs") and not body.get("stream"):
-            return self._replay_logprobs(body, tokens, chat, max_new)
-        err = self._check_request(prompt_tokens, max_new)
+            return self._replay_logprobs(body, tokens, chat, max_new, finish)
+        err = self._check_request(prompt_tokens, cap)
         if err is not None:
             return err
-        stream = self._submit(tokens, max_new)
+        stream = self._submit(tokens, max_new, content)
         cached = stream.cached
         words = self._words(tokens, max_new)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
@@ -561,7 +591,7 @@ class SimServer:
             if not body.get("stream"):
                 await _drain(self._chunks(stream))
                 text = "".join(words[:max_new])
-                choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
                 if chat:
                     choice["message"] = {"role": "assistant", "content": text}
                 else:
@@ -585,7 +615,7 @@ class SimServer:
                 ch: dict[str, Any] = {
                     "index": 0,
                     "logprobs": None,
-                    "finish_reason": "length" if finished else None,
+                    "finish_reason": finish if finished else None,
                 }
                 if chat:
                     ch["delta"] = {"role": "assistant", "content": delta} if pos == 0 else {"content": delta}

@@ -536,7 +536,24 @@ def check_variant(
         for path in dict.fromkeys(p for args in pre["arm_args"].values() for p in draft_paths(spec["engine"], args)):
             found.append(_model_finding(variant, "draft", path))
     found += check_port(variant, spec)
+    found += check_content(variant, pre)
     return found, probes
+
+
+def check_content(variant: str, pre: dict[str, Any]) -> list[Finding]:
+    """A warning, before hours of GPU time, for each unit whose acceptance would not be production's (synthetic
+    words or a fixed stop on a real engine: `client.contents.content_warning`)."""
+    from specsweep.client.contents import content_warning
+
+    out = []
+    for facts in pre.get("contents") or []:
+        why = content_warning(facts)
+        if why:
+            fix = why.split("Measure your content: ", 1)[-1]
+            unit = f"{facts['unit']}: " if facts["unit"] != variant else ""
+            said = why.split("; production", 1)[0].replace("was measured", "would be measured")
+            out.append(Finding("warning", variant, "content", unit + said + ", not on your traffic", fix))
+    return out
 
 
 def preflight(pres: list[dict[str, Any]], root: Path, nvml: Any = None) -> list[Finding]:

@@ -284,12 +284,20 @@ def crossover_numbers(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdict_tags(data: dict[str, Any]) -> dict[str, str]:
-    """`specsweep.verdict.<arm>`: crossover / wins_everywhere / loses_everywhere / inconclusive, per arm."""
+    """`specsweep.verdict.<arm>`: crossover / wins_everywhere / loses_everywhere / inconclusive, per arm; what the
+    requests held (`content`, `prompts`, `stop`) and the content warning where there is one."""
     tags = {}
     for arm_name, result in (data.get("arms") or {}).items():
         verdict = (result or {}).get("verdict") if isinstance(result, dict) else None
         if isinstance(verdict, dict) and verdict.get("kind"):
             tags[f"{TAG}.verdict.{arm_name}"] = str(verdict["kind"])
+    facts = data.get("content")
+    if isinstance(facts, dict):  # what the requests held: the UI filters crossovers by it
+        tags[f"{TAG}.content"] = str(facts.get("content") or "one")
+        tags[f"{TAG}.prompts"] = str(facts.get("prompts"))[:500]
+        tags[f"{TAG}.stop"] = str(facts.get("stop"))
+    if data.get("content_warning"):
+        tags[f"{TAG}.content_warning"] = str(data["content_warning"])[:5000]
     return tags
 
 

@@ -320,6 +320,8 @@ def level_records(level: VirtualLevel) -> Any:
                 "cached_tokens": 0,
                 "output_sha256": "",
                 "output_prefix": "",
+                "content": "",
+                "finish_reason": "length" if r.generated >= r.max_new_tokens else "stop",
                 "ok": True,
                 "error_kind": "",
                 "error": "",

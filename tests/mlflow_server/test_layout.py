@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from specsweep.tracking.private import redacted, shareable
 from tests.mlflow_server.conftest import MlflowServer, active_runs, by_kind, summaries
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.timeout(300)]
@@ -65,13 +66,15 @@ def test_runs_nesting_histories_and_artifacts(
     speedup = _history(client, crossovers[0].info.run_id, "eagle3.speedup")
     assert speedup and all(math.isclose(v, per_level[float(c)]["speedup"], rel_tol=1e-9) for c, v in speedup.items())
 
-    # artifacts: listed and downloaded through the server, byte for byte the local files
+    # artifacts: listed and downloaded through the server, byte for byte the local files as logged (their output
+    # texts kept local: mlflow.log_texts is false, tracking/private.py)
     for run in cells:
         names = [a.path for a in client.list_artifacts(run.info.run_id)]
         assert names == ["summary.json"], names
         (tmp_path / run.info.run_id).mkdir()
         got = client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path / run.info.run_id))
-        assert Path(got).read_bytes() == cells_on_disk[run.data.tags["specsweep.cell_key"]].read_bytes()
+        with shareable(cells_on_disk[run.data.tags["specsweep.cell_key"]], {}) as logged:
+            assert Path(got).read_bytes() == logged.read_bytes()
         stored = mlflow_server.artifacts / exp.experiment_id / run.info.run_id / "artifacts" / "summary.json"
         assert stored.is_file(), f"not where the server keeps artifacts: {stored}"
     for sweep in sweeps:
@@ -82,6 +85,6 @@ def test_runs_nesting_histories_and_artifacts(
     assert plots and all(p.startswith("plots/") for p in plots)
     (tmp_path / "x").mkdir()
     got = client.download_artifacts(crossovers[0].info.run_id, "crossover.json", str(tmp_path / "x"))
-    assert json.loads(Path(got).read_text()) == crossover
+    assert json.loads(Path(got).read_text()) == redacted(crossover)
     # the final print names the server as the UI, not an `mlflow ui` command on a local file
     assert f"MLflow UI: {mlflow_server.url}" in tiny_run["stdout"] + tiny_run["stderr"]

@@ -36,6 +36,7 @@ from specsweep.tracking.payloads import (
     sweep_params,
     verdict_tags,
 )
+from specsweep.tracking.private import digest_mark, private_note, shareable
 from specsweep.tracking.store import LAYOUT, NOTE, TAG, Tracker
 from specsweep.tracking.uri import AUTH_CODES, error_code, failure_text, unreachable
 
@@ -51,7 +52,8 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
     supersedes the old (a changed gate or SLO re-logs the cell without re-measuring it)."""
     key = summary["cell"]["key"]
     judgement = json.dumps(summary.get("judged_with"), sort_keys=True).encode()
-    digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement + LAYOUT.encode()).hexdigest()
+    layout = (LAYOUT + digest_mark(tracker.config)).encode()
+    digest = hashlib.sha256(Path(summary_path).read_bytes() + judgement + layout).hexdigest()
     existing = tracker.active_runs(cell_key=key)
     kept = tracker.reusable(existing, "summary_sha256", digest)
     if kept is not None:
@@ -68,9 +70,9 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
         f"{TAG}.backend": str(summary["client_backend"]),
         f"{TAG}.source": str(summary["source"]),
         f"{TAG}.valid": str(bool(validity["valid"])).lower(),
-        f"{TAG}.invalid_reasons": "; ".join(validity.get("reasons") or [])[:5000],
+        f"{TAG}.invalid_reasons": private_note("; ".join(validity.get("reasons") or []), tracker.config)[:5000],
         f"{TAG}.summary_sha256": digest,
-        NOTE: cell_note(summary),
+        NOTE: private_note(cell_note(summary), tracker.config, summary),
     }
     start_ms, end_ms = measured_span([summary])
     name = cell_run_name(
@@ -81,7 +83,8 @@ def log_cell(tracker: Tracker, summary_path: Path, summary: dict[str, Any]) -> s
         dataset = prompt_dataset(summary)
         if dataset is not None:
             tracker.log_inputs(run_id, [dataset])
-        tracker.client.log_artifact(run_id, str(summary_path))
+        with shareable(Path(summary_path), tracker.config) as shared:  # its texts kept local unless opted in
+            tracker.client.log_artifact(run_id, str(shared))
         tracker.finish(run_id, end_time_ms=end_ms)
     return tracker.settle({"cell_key": key}, "summary_sha256", digest, why="cell re-measured or re-judged")
 
@@ -101,7 +104,8 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
         valid = bool(summary["validity"]["valid"])
         steps.append((c, {**(headline_metrics(summary) if valid else {}), "cell_valid": float(valid)}))
     sweep_key = f"{experiment}/{variant}/{arm}"
-    digest = hashlib.sha256((json.dumps(sorted(cell_runs.items())) + LAYOUT).encode()).hexdigest()
+    layout = LAYOUT + digest_mark(tracker.config)
+    digest = hashlib.sha256((json.dumps(sorted(cell_runs.items())) + layout).encode()).hexdigest()
     existing = tracker.active_runs(sweep_key=sweep_key)
     sweep_id = tracker.reusable(existing, "cells_sha256", digest)
     colour = sweep_colour(tracker.config, arm)
@@ -124,8 +128,10 @@ def log_sweep(tracker: Tracker, variant: str, arm: str, summary_paths: list[Path
             f"{TAG}.arm": arm,
             f"{TAG}.source": str(first.get("source")),
             f"{TAG}.cells_sha256": digest,
-            f"{TAG}.invalid_cells": (" | ".join(f"C={c}: {r}" for c, r in invalid.items()) or "none")[:5000],
-            NOTE: sweep_note(variant, arm, summaries),
+            f"{TAG}.invalid_cells": private_note(
+                " | ".join(f"C={c}: {r}" for c, r in invalid.items()) or "none", tracker.config
+            )[:5000],
+            NOTE: private_note(sweep_note(variant, arm, summaries), tracker.config),
             **({RUN_COLOR_TAG: colour} if colour else {}),
         }
         params = {"variant": variant, "arm": arm, **sweep_params(summaries)} if summaries else {"arm": arm}
@@ -158,7 +164,8 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
     data = read(Crossover, crossover_path, CROSSOVER_FIX)[1]
     sweeps = [read_json(p) for p in sweep_markers]
     cell_runs = sorted(r for s in sweeps for r in s["cell_run_ids"].values())
-    digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode() + LAYOUT.encode()).hexdigest()
+    layout = (LAYOUT + digest_mark(tracker.config)).encode()
+    digest = hashlib.sha256(crossover_path.read_bytes() + json.dumps(cell_runs).encode() + layout).hexdigest()
     key = f"{experiment}/{variant}"
     existing = tracker.active_runs(crossover_key=key)
     kept = tracker.reusable(existing, "content_sha256", digest)
@@ -191,7 +198,7 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         f"{TAG}.content_sha256": digest,
         **{f"{TAG}.sweep_run.{a}": r for a, r in sweep_links.items()},
         **verdict_tags(data),
-        NOTE: crossover_note(data, variant, sweep_links, tracker.experiment_id),
+        NOTE: private_note(crossover_note(data, variant, sweep_links, tracker.experiment_id), tracker.config, data),
     }
     tags.update({f"{TAG}.policy.{f}": proof_status(p) for f, p in proofs.items()})
     spans = [s.get("span_ms") or [None, None] for s in sweeps]
@@ -206,7 +213,8 @@ def log_crossover(tracker: Tracker, variant: str, crossover_path: Path, sweep_ma
         for i in range(0, len(metrics_by_level), 1000):  # MLflow takes at most 1000 metrics per batch
             tracker.client.log_batch(run_id, metrics=metrics_by_level[i : i + 1000])
         out_dir = crossover_path.parent
-        tracker.client.log_artifact(run_id, str(crossover_path))
+        with shareable(crossover_path, tracker.config) as shared:  # its texts kept local unless opted in
+            tracker.client.log_artifact(run_id, str(shared))
         for name in ("policy.yaml", "crossover_table.csv"):
             if (out_dir / name).is_file():
                 tracker.client.log_artifact(run_id, str(out_dir / name))

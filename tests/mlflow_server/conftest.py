@@ -39,7 +39,7 @@ PG_SCRIPT = REPO / "tests" / "services" / "postgres.sh"
 TINY = REPO / "tests" / "pipeline" / "tiny.yaml"
 ADMIN = "admin"
 TEAM = ("alice", "bob")  # users of their own for the two checkouts of test_outage.py
-# what the README recommends for a team sharing experiments: specsweep deletes the runs it supersedes, which
+# what docs/mlflow.md recommends for a team sharing experiments: specsweep deletes the runs it supersedes, which
 # takes MANAGE on the experiment (EDIT logs, but fails the first retire in a teammate's experiment)
 DEFAULT_PERMISSION = "MANAGE"
 # variables the server and the "no credentials" clients must not inherit from the test's environment

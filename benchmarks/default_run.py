@@ -1,11 +1,14 @@
 """Time the README's main job (`snakemake --cores 1 crossover`, embedded default) and where the time goes.
 
-Runs in a fresh temporary folder (a copy of nothing but the config), so it measures a first run. Prints the wall
-time, the share spent measuring (cells' closed loops) and the rest: server start-up, warm-up and flushes, the
-environment fingerprint, analysis, MLflow tracking and Snakemake itself. Figures come from Snakemake's
-`benchmark:` files and the cells' summary.json.
+Runs in a fresh temporary folder (a copy of nothing but the config), so it measures a first run, of this checkout's
+working tree (its Snakefile and package, uncommitted changes included). Prints the wall time, the share spent
+measuring (the cells' closed loops, the policy levels' reference re-measurements included) and the rest: server
+start-up, warm-up and flushes, the environment fingerprint, refinement rounds, the schedule, analysis, MLflow
+tracking and Snakemake itself. Figures come from Snakemake's `benchmark:` files and the cells' summary.json.
 
     python benchmarks/default_run.py [--config config/config.yaml]
+    python benchmarks/default_run.py --runs 3         # three runs, each in a fresh folder: each run's wall time
+                                                      # and measuring share, then their spread
     python benchmarks/default_run.py --results DIR    # a finished run (DIR holds config.yaml and results/)
     python benchmarks/default_run.py --readme         # and regenerate README.md's sample output from this run
     python benchmarks/default_run.py --cores 2        # as a user with `--cores N` runs it (one measurement at a time)
@@ -21,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,38 +101,68 @@ def stamp_line(summaries: list[dict], wall: float | None, rev: str) -> str:
     )
 
 
-def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | None = None) -> int:
+# Snakemake `benchmark:` files by job kind (their file names' first part): what each row of the report sums
+JOB_KINDS = {
+    "measuring jobs": ("cell.", "paired."),  # a cell, a paired level (every fixed arm), a policy arm's paired level
+    "environment fingerprint / model build": ("env.", "model."),
+    "refine (adaptive rounds)": ("refine.",),
+    "schedule": ("schedule.",),
+    "crossover analysis + plots": ("crossover.", "contents.", "compare."),
+    "MLflow tracking": ("track_",),
+}
+
+
+def cell_summaries(res: Path) -> tuple[list[dict], int]:
+    """Every measured cell of the run, judged, and how many of them are policy levels' reference re-measurements
+    (`<arm>/c<C>/reference/`: the best fixed arm measured again, paired with the policy arm; their closed loops
+    are measuring too). Instance cells (`instances/i<k>/`) are left out: their merged cell holds their figures."""
+    gates = defaults("gates")
+    cells = [read_judged(p.parent, gates)[0] for p in sorted(res.glob("*/*/c*/summary.json"))]
+    refs = [read_judged(p.parent, gates)[0] for p in sorted(res.glob("*/*/c*/reference/summary.json"))]
+    return cells + refs, len(refs)
+
+
+def server_ready_s(summaries: list[dict]) -> float:
+    """Seconds the measuring jobs waited for their servers (started, or found up and checked): once per job. The
+    arms of an interleaved level share one wait (the same `pairing.id`, the same `ready_after_s` in each)."""
+    per_job: dict[str, float] = {}
+    for i, s in enumerate(summaries):
+        job = (s.get("pairing") or {}).get("id") or f"cell {i}"
+        per_job[job] = max(per_job.get(job, 0.0), float(s["server"].get("ready_after_s") or 0.0))
+    return sum(per_job.values())
+
+
+def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | None = None) -> dict | None:
     """Where a finished run's time went, from its `benchmark:` files and cells; `wall` None: not timed here (the
-    split of the parts is still measured; Snakemake's own share cannot be known)."""
+    split of the parts is still measured; Snakemake's own share cannot be known). Returns the run's figures
+    (wall, measuring, share, cells valid), None where the folder holds no cells."""
     res = work / "results" / exp
     bench = {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in (res / "benchmarks").glob("*.tsv")}
-    summaries = [read_judged(p.parent, defaults("gates"))[0] for p in res.glob("*/*/c*/summary.json")]
+    summaries, n_refs = cell_summaries(res)
     if not summaries:
         print(f"no cells under {res}: not a finished run of experiment {exp!r}", file=sys.stderr)
-        return 1
+        return None
     measuring = sum(s["measured_s"] for s in summaries)
-    # cell jobs: one arm's cell (`cell.*`, a policy arm's paired level) or every fixed arm's level (`paired.*`)
-    cells = sum(v for k, v in bench.items() if k.startswith(("cell.", "paired.")))
-    startup = sum(s["server"]["ready_after_s"] for s in summaries)
-    tracking = sum(v for k, v in bench.items() if k.startswith("track_"))
-    analysis = sum(v for k, v in bench.items() if k.startswith("crossover."))
-    env = sum(v for k, v in bench.items() if k.startswith(("env.", "model.")))
+    kinds = {name: [v for k, v in bench.items() if k.startswith(prefixes)] for name, prefixes in JOB_KINDS.items()}
+    jobs = sum(sum(v) for v in kinds.values())
+    startup = server_ready_s(summaries)
+    n_measuring = len(kinds["measuring jobs"])
     rows = [
-        ("measuring (closed loops)", measuring),
-        ("server start-up / reuse checks", startup),
-        ("warm-up, flush, prompts, cell process", cells - measuring - startup),
-        ("environment fingerprint / model build", env),
-        ("crossover analysis + plots", analysis),
-        ("MLflow tracking", tracking),
+        ("measuring (closed loops)", measuring, None),
+        ("server start-up / reuse checks", startup, None),
+        ("warm-up, flush, prompts, job process", sum(kinds["measuring jobs"]) - measuring - startup, n_measuring),
     ]
-    total = wall if wall is not None else cells + env + analysis + tracking
+    rows += [(name, sum(kinds[name]), len(kinds[name])) for name in JOB_KINDS if name != "measuring jobs"]
+    total = wall if wall is not None else jobs
+    cells = f"{len(summaries) - n_refs} cells + {n_refs} reference re-measurements"
     if wall is not None:
-        rows.append(("Snakemake itself (parse, scheduling)", wall - cells - tracking - analysis - env))
-        print(f"default run: {len(summaries)} cells, wall {wall:.1f} s ({work})")
+        rows.append(("Snakemake itself (parse, DAG, scheduling)", wall - jobs, None))
+        print(f"default run: {cells}, wall {wall:.1f} s ({work})")
     else:
-        print(f"finished run: {len(summaries)} cells, wall not timed here; jobs' own time {total:.1f} s ({work})")
-    for name, secs in rows:
-        print(f"  {name:<42} {secs:7.1f} s  {100 * secs / total:5.1f} %")
+        print(f"finished run: {cells}, wall not timed here; jobs' own time {total:.1f} s ({work})")
+    for name, secs, n in rows:
+        count = f"  ({n} jobs)" if n is not None else ""
+        print(f"  {name:<42} {secs:7.1f} s  {100 * secs / total:5.1f} %{count}")
     print(f"  outside measuring: {total - measuring:.1f} s ({100 * (total - measuring) / total:.1f} %)")
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
@@ -138,14 +172,14 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | Non
     if rev is not None:  # --readme: the run as it printed, invalid cells and their re-measure command included
         write_readme_sample(final_block(stdout, work), stamp_line(summaries, wall, rev))
         print(f"README sample written ({README})")
-    return 0 if valid == len(summaries) else 1
+    return {"wall": wall, "measuring": measuring, "share": measuring / total, "valid": valid, "cells": len(summaries)}
 
 
 def print_attempts(res: Path) -> None:
     """Every cell measured more than once (`cell_attempts`): the attempts made, the one that counts and why the
     others did not (their first reason)."""
     again = []
-    for path in sorted(res.glob("*/*/c*/summary.json")):
+    for path in sorted([*res.glob("*/*/c*/summary.json"), *res.glob("*/*/c*/reference/summary.json")]):
         attempts = json.loads(path.read_text()).get("attempts") or {}
         if attempts.get("made", 1) > 1:
             again.append((path.parent.relative_to(res).as_posix(), attempts))
@@ -194,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cores", default="1", help="snakemake --cores (default 1, the README's; measuring jobs run one at a time)"
     )
+    parser.add_argument("--runs", type=int, default=1, help="runs, one after another, each in a fresh folder")
     args = parser.parse_args(argv)
+    if args.runs < 1 or (args.runs > 1 and args.results):
+        parser.error("--runs N: at least 1, and it starts runs (not with --results)")
     if args.hog_at is not None and (args.results or args.readme):
         parser.error("--hog-at disturbs a run it starts: not with --results, and not for the README's sample")
     if args.smoke and not args.results:
@@ -203,8 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         exp = yaml.safe_load((args.results / "config.yaml").read_text())["experiment"]
         stdout = finished_text(args.results) if args.readme else ""
-        return report(args.results, exp, None, stdout, revision() if args.readme else None)
+        figures = report(args.results, exp, None, stdout, revision() if args.readme else None)
+        return 0 if figures is not None and figures["valid"] == figures["cells"] else 1
     rev = revision() if args.readme else None
+    runs = []
+    for i in range(args.runs):
+        if args.runs > 1:
+            print(f"--- run {i + 1} of {args.runs}", flush=True)
+        figures = one_run(args, exp, rev if i == args.runs - 1 else None)  # the README's sample: the last run's
+        if figures is None:
+            return 1
+        runs.append(figures)
+    if args.runs > 1:
+        print_runs(runs)
+    return 0 if all(r["valid"] == r["cells"] for r in runs) else 1
+
+
+def one_run(args: argparse.Namespace, exp: str, rev: str | None) -> dict | None:
+    """One default run in a fresh temporary folder (its config copied there, the checkout's Snakefile and package:
+    the working tree, uncommitted changes included), reported; its figures, None where it failed."""
     work = Path(tempfile.mkdtemp(prefix="specsweep-default-run-"))
     shutil.copy(args.config, work / "config.yaml")
     cmd = [
@@ -219,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configfile",
         "config.yaml",
     ]
+    load0 = os.getloadavg()[0]
     t0 = time.monotonic()
     if args.hog_at is None:
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -232,13 +287,35 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
-        return 1
-    rc = report(work, exp, wall, proc.stdout, rev)
-    if rc != 0:  # cells to re-measure (the command above) or a README not written: the run is worth keeping
+        print(f"kept {work}: the run failed", file=sys.stderr)
+        return None
+    figures = report(work, exp, wall, proc.stdout, rev)
+    if figures is None:
+        return None
+    # another user of the machine slows the run and its cells are measured again: the load says so
+    figures["load"] = (load0, os.getloadavg()[0])
+    print(f"  host load (1-min average) at start and end: {load0:.1f}, {figures['load'][1]:.1f}")
+    if figures["valid"] != figures["cells"]:  # cells to re-measure (the command above): the run is worth keeping
         print(f"kept {work}: re-measure there, then --results {work} --readme", file=sys.stderr)
     elif not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return rc
+    return figures
+
+
+def print_runs(runs: list[dict]) -> None:
+    """The runs side by side: wall time and measuring share of each, and their spread."""
+    print(f"{len(runs)} runs:")
+    for i, r in enumerate(runs, 1):
+        print(
+            f"  run {i}: wall {r['wall']:6.1f} s, measuring {r['measuring']:6.1f} s ({100 * r['share']:4.1f} %), "
+            f"valid cells {r['valid']}/{r['cells']}, host load {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
+        )
+    walls, shares = [r["wall"] for r in runs], [100 * r["share"] for r in runs]
+    print(
+        f"  wall: min {min(walls):.1f} s, median {statistics.median(walls):.1f} s, max {max(walls):.1f} s "
+        f"(spread {max(walls) - min(walls):.1f} s); measuring share: min {min(shares):.1f} %, "
+        f"max {max(shares):.1f} %"
+    )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ def test_cells_written(run_dir: Path) -> None:
                 assert rep["cache_reset"] == "flushed"
                 assert rep["metrics"]["prefix_cache"]["hit_rate"] == 0.0
             assert len({rep["prompt_set_sha256"] for rep in summary["repeats"]}) == 2
+            # the host's idle loop lag, probed before the arm's first block of the level, stands for its later blocks
+            idle = [rep["metrics"]["client"]["idle_lag_ms"] for rep in summary["repeats"]]
+            assert idle[0]["n"] and idle == [idle[0]] * len(idle), idle
             client = summary["metrics"]["client"]
             assert client["busy_share"] is not None and client["wait_share"] is not None
             assert summary["cpus"]["client"] and summary["cpus"]["server"]

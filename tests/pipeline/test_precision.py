@@ -76,7 +76,10 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         if log["decisions"][-1].startswith("target met"):
             assert p["half_width"] <= TARGET * 1.1, p
         if not p["met"]:  # said, never shown as met
-            assert any(f"C={row['concurrency']:g} short of its target" in x for x in notes), notes
+            short = [x for x in notes if x.startswith("precision: C=") and " short of the target " in x]
+            assert len(short) == 1, notes  # one line per arm, listing the levels and the widest
+            levels = short[0].removeprefix("precision: C=").split(" short of")[0].split(", ")
+            assert f"{row['concurrency']:g}" in levels, notes
         assert p["within_round_var"] is not None and p["between_round_var"] is not None
         assert p["reference_between_round_var"] is not None and p["reference_between_round_var"] >= 0, p
     if all(r["precision"]["met"] for r in arm["per_level"]):

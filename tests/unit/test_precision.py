@@ -133,7 +133,8 @@ def test_notes_never_show_a_short_level_as_met() -> None:
         return {"concurrency": c, "precision": {**p, "rounds_for_target": 9 if not met else None}}
 
     notes = precision_notes([row(1, 0.03, True, False), row(4, 0.08, False, True)], "C")
-    assert len(notes) == 1 and "C=4 short of its target +-5%: +-8.0% after 3 rounds (its budget spent)" in notes[0]
+    assert len(notes) == 1 and "C=4 short of the target +-5% (95%); the widest C=4: +-8.0% after 3 rounds" in notes[0]
+    assert "(its budget spent)" in notes[0]
     assert "9 rounds" in notes[0] and "varied" not in notes[0]  # the components unknown: nothing said of them
     short = row(4, 0.08, False, True)
     short["precision"].update(within_round_var=0.05**2, between_round_var=0.12**2, reference_between_round_var=0.1**2)
@@ -149,6 +150,37 @@ def test_notes_never_show_a_short_level_as_met() -> None:
         )
         == []
     )
+
+
+def test_short_levels_collapse_to_one_line_with_the_widest() -> None:
+    """Seven levels short of the target read as one line per arm: the levels, and the widest figure (before: one
+    long line per level, ~7 per variant)."""
+
+    def row(c: float, hw: float | None, spent: bool = True) -> dict:
+        p = {"target": 0.05, "half_width": hw, "met": False, "budget_spent": spent, "rounds": 3}
+        return {"concurrency": c, "precision": {**p, "rounds_for_target": 9}}
+
+    widths = {1: 0.079, 2: 0.052, 5: 0.085, 10: 0.174, 30: 0.06, 70: 0.065, 100: 0.051}
+    rows = [row(c, hw, spent=c != 2) for c, hw in widths.items()] + [
+        {
+            "concurrency": 250,
+            "precision": {
+                "target": 0.05,
+                "half_width": 0.04,
+                "met": True,
+                "budget_spent": False,
+                "rounds": 3,
+                "rounds_for_target": None,
+            },
+        }
+    ]
+    (note,) = precision_notes(rows, "C")
+    assert note.startswith("precision: C=1, 2, 5, 10, 30, 70, 100 short of the target +-5% (95%); the widest C=10: ")
+    assert "+-17.4% after 3 rounds (its budget spent); its variance implies 9 rounds" in note
+    assert note.endswith("the rule's own estimate stopped C=2") and "250" not in note
+    # a level without any interval is the widest of all
+    (note,) = precision_notes([row(1, 0.3), row(4, None)], "C")
+    assert "the widest C=4: no interval" in note
 
 
 def test_rounds_that_agree_by_chance_do_not_stop_a_level_whose_blocks_are_noisy() -> None:

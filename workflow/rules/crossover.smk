@@ -6,7 +6,7 @@ rule crossover_variant:
     input:
         summaries=variant_cells,
         requests=lambda w: variant_cells(w, "requests.parquet"),
-        env=rules.env.output[0],
+        env=lambda w: expand(rules.env.output[0], variant=unit_variant(w.variant)),
         schedule=schedule_input,
     output:
         crossover=report(
@@ -46,10 +46,35 @@ rule crossover_variant:
         " --summaries {input.summaries} {params.schedule} --out-dir {params.out_dir} > {log} 2>&1"
 
 
+rule contents:
+    """A variant's answer per content class and for its traffic mix, side by side (disagreements first)."""
+    input:
+        lambda w: [RES / u / "crossover.json" for u in UNITS if unit_variant(u) == w.variant],
+    output:
+        report(
+            RES / "{variant}" / "contents.json",
+            category="Crossover",
+            subcategory="{variant}",
+            caption="../report/contents.rst",
+            labels={"variant": "{variant}", "figure": "content classes"},
+        ),
+    log:
+        LOGS / "contents" / "{variant}.log",
+    benchmark:
+        RES / "benchmarks" / "contents.{variant}.tsv"
+    conda:
+        "../envs/specsweep.yaml"
+    params:
+        mix=f"--mix {shlex.quote(dumps(config['workload']['mix']))}" if config["workload"]["mix"] else "",
+    shell:
+        "python -m specsweep contents --variant {wildcards.variant} --crossovers {input} {params.mix}"
+        " --out {output} > {log} 2>&1"
+
+
 rule compare:
     """The same arm's curves across variants, with ratios per level."""
     input:
-        [RES / v / "crossover.json" for v in VARIANTS],
+        [RES / v / "crossover.json" for v in HEADLINE_UNITS],
     output:
         report(
             RES / "comparison" / "comparison.json",
@@ -64,7 +89,7 @@ rule compare:
     conda:
         "../envs/specsweep.yaml"
     params:
-        config=dumps(analysis_spec(config, VARIANTS)),
+        config=dumps(analysis_spec(config, HEADLINE_UNITS)),
         experiment_dir=RES,
         out_dir=RES / "comparison",
     shell:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special  # the t and normal quantiles (scipy.stats: 0.5 s more import a job)
 
 from specsweep.analysis.cells import Cell, RequestArrays, metric_value_any
 from specsweep.measure.metrics import meets_slos
@@ -270,7 +270,7 @@ def few_blocks_factor(k: int, level: float = 0.975) -> float:
     t(k-1)/z for a spread estimated from only k blocks (the batch-means interval; 1.22 at k = 10)."""
     if k < 2:
         return float("nan")
-    return math.sqrt(k / (k - 1)) * float(sps.t.ppf(level, k - 1) / sps.norm.ppf(level))
+    return math.sqrt(k / (k - 1)) * float(special.stdtrit(k - 1, level) / special.ndtri(level))
 
 
 def _positive(*arrays: Any) -> bool:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special
 
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
@@ -83,7 +83,7 @@ class PairedEstimate:
         """The interval's relative half-width, exp(t * se) - 1 (NaN where it has none)."""
         if not np.isfinite(self.log_se) or self.df < 1:
             return float("nan")
-        return math.expm1(float(sps.t.ppf(0.5 + confidence / 2, self.df)) * self.log_se)
+        return math.expm1(float(special.stdtrit(self.df, 0.5 + confidence / 2)) * self.log_se)
 
 
 def pairing_of(cell: Cell) -> dict[str, Any] | None:
@@ -134,7 +134,7 @@ def _instances_estimate(rounds: Rounds, within: float, n_boot: int, rng: np.rand
         ss_within = float(sum(((g - g.mean()) ** 2).sum() for g in groups))
         ms_between = float(sum(g.size * (g.mean() - d.mean()) ** 2 for g in groups)) / (m - 1)
         f = ms_between / (ss_within / resid_df) if ss_within > 0 else math.inf
-        effect = bool(sps.f.sf(f, m - 1, resid_df) < INSTANCE_EFFECT_ALPHA) if math.isfinite(f) else ms_between > 0
+        effect = bool(special.fdtrc(m - 1, resid_df, f) < INSTANCE_EFFECT_ALPHA) if math.isfinite(f) else ms_between > 0
     else:
         effect = True
     if effect:

@@ -39,17 +39,15 @@ def source_label(source: str) -> str:
 
 
 def save_figure(fig: Figure, base: Path) -> list[Path]:
-    """Write `<base>.png` and `<base>.svg` atomically (temp file in the same directory, then os.replace)."""
+    """Write `<base>.png` atomically (temp file in the same directory, then os.replace). PNG only: nothing read the
+    SVG copy (the Snakemake report and MLflow show the PNG), and drawing it again took 0.7 s a crossover job."""
     base.parent.mkdir(parents=True, exist_ok=True)
-    out = []
-    for ext in ("png", "svg"):
-        path = base.with_suffix(f".{ext}")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-        out.append(path)
+    path = base.with_suffix(".png")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
     plt.close(fig)
-    return out
+    return [path]
 
 
 def _title(ax_or_fig: Any, what: str, result: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from specsweep.analysis.unmeasured import unmeasured_range
 from specsweep.engines.speculation import apply_text, batch_upper, configured_k, threshold_schedule
 
 __all__ = [
@@ -225,7 +226,7 @@ def policy_document(
                 "speculation loses at low load and wins higher up on this stack: a "
                 "'speculate <= N' policy cannot express that; see crossover.json"
             )
-        entry[engine or "engine"] = engine_policy(
+        form = engine_policy(
             engine,
             t["threshold"],
             arms_cfg.get(name),
@@ -233,6 +234,15 @@ def policy_document(
             max_level,
             schedule_file=f"{file_dir}/{name}.threshold.sglang-adaptive.json",
         )
+        entry[engine or "engine"] = form
+        used = [r["concurrency"] for r in ar.get("per_level") or [] if r.get("used")]
+        # loads above the highest level, never shown as measured (closed loops: an open sweep's levels are rates)
+        if form.get("schedule") and t["crossover"] is not None and not ar.get("running_requests"):
+            unmeasured = unmeasured_range(
+                form["schedule"], max(used, default=max_level), ar.get("configured_levels") or ar["levels"], _won(ar)
+            )
+            if unmeasured:
+                entry["unmeasured"] = unmeasured
         doc["arms"][name] = entry
     return doc
 
@@ -267,11 +277,28 @@ def schedule_entries(
                     for r in p.get("per_level") or []
                 },
             }
+            served = {
+                f"C={r['concurrency']:g}": r["served_k"]["note"] for r in p.get("per_level") or [] if r.get("served_k")
+            }
+            if served:  # the K the engine served beside the K scheduled (analysis/served.py)
+                block["proof"]["k_served"] = served
+        if entry.get("unmeasured"):  # loads above the highest level: never presented as measured
+            block["unmeasured"] = entry["unmeasured"]
         if sched:
             file = entry.get("file") or f"{family}.sglang-adaptive.json"
             block[engine or "engine"] = apply_text(engine, argvs.get(family, []), sched, file)
         out[family] = block
     return out
+
+
+def _won(ar: dict[str, Any]) -> str:
+    """What the arm measured at its highest used level, in words."""
+    used = [r for r in ar.get("per_level") or [] if r.get("used") and r.get("speedup") is not None]
+    if not used:
+        return ""
+    r = used[-1]
+    ci = f" [{_num(r['speedup_lo'])}, {_num(r['speedup_hi'])}]" if r.get("speedup_lo") is not None else ""
+    return f"speculation measured {r['speedup']:.3g}{ci} over the baseline at C={r['concurrency']:g}"
 
 
 def _num(v: float | None) -> str:

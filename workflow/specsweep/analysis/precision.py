@@ -26,18 +26,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+from scipy import special
 
 from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
-from specsweep.measure.interleave import BUDGET_SPENT, CYCLE_ROUNDS, LevelProgress, least_rounds
+from specsweep.analysis.verdict import levels_text
+from specsweep.measure.rounds import BUDGET_SPENT, CYCLE_ROUNDS, least_rounds
 from specsweep.measure.segments import merged_level
 from specsweep.records import SegmentDecision
+
+if TYPE_CHECKING:  # the measuring path (client, servers): not imported by the analysis jobs
+    from specsweep.measure.interleave import LevelProgress
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def units_for(per_unit_var: float, target: float, confidence: float = 0.95, most
         return None
     goal = math.log1p(target)
     for n in range(2, most + 1):
-        if float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * math.sqrt(per_unit_var / n) <= goal:
+        if float(special.stdtrit(n - 1, 0.5 + confidence / 2)) * math.sqrt(per_unit_var / n) <= goal:
             return n
     return None
 
@@ -293,7 +297,7 @@ def budgeted_growth(
         if k < 1:
             continue
         var = (past + k * (w_per_request / (configured * g) + comp.between_round)) / (n + k) ** 2
-        hw = float(sps.t.ppf(0.5 + settings.confidence / 2, n + k - 1)) * math.sqrt(var)
+        hw = float(special.stdtrit(n + k - 1, 0.5 + settings.confidence / 2)) * math.sqrt(var)
         if best is None or hw < best[0] * (1 - 1e-9):
             best = (hw, g)
     return best[1] if best is not None else None
@@ -311,7 +315,7 @@ def stop_width(pe: PairedEstimate, confidence: float) -> float:
     var = pe.log_se**2
     if pe.rounds is not None and np.all(np.isfinite(pe.rounds.within)):
         var = max(var, float(pe.rounds.within.sum()) / pe.rounds.d.size**2)
-    return math.expm1(float(sps.t.ppf(0.5 + confidence / 2, pe.df)) * math.sqrt(var))
+    return math.expm1(float(special.stdtrit(pe.df, 0.5 + confidence / 2)) * math.sqrt(var))
 
 
 def next_step(
@@ -433,27 +437,31 @@ def segment_step(pe: PairedEstimate | None, target: float, confidence: float, in
 
 
 def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
-    """What the analysis says of its levels' precision: every level's target met, or which spent their budget
-    (with the half-width reached and the rounds their variance implies); never one as if it met the target."""
+    """What the analysis says of its levels' precision, in one line per arm: every level's target met, or the levels
+    short of it with the widest (its half-width, rounds, why it stopped, the rounds its variance implies and where
+    its spread came from); never one as if it met the target. Each level's own figure is in the table's `+-`
+    column and crossover.json `per_level[].precision`."""
     rows = [(r["concurrency"], r["precision"]) for r in per_level if r.get("precision")]
     measured = [(c, p) for c, p in rows if p["target"] is not None]
     if not measured:
         return []
-    notes = []
     short = [(c, p) for c, p in measured if not p["met"]]
-    target = max(p["target"] for _, p in measured)
+    targets = sorted({p["target"] for _, p in measured})
     if not short:
-        notes.append(f"precision: every level within its target (+-{target:.0%}, 95%)")
-    for c, p in short:
-        hw = f"+-{p['half_width']:.1%}" if p["half_width"] is not None else "no interval"
-        why = "its budget spent" if p["budget_spent"] else "the rule's own estimate stopped it"
-        units = "server instances per arm" if p.get("unit") == "instance" else "rounds"
-        need = f"; its variance implies {p['rounds_for_target']} {units}" if p["rounds_for_target"] else ""
-        notes.append(
-            f"precision: {symbol}={c:g} short of its target +-{p['target']:.0%}: {hw} after {p['rounds']} {units} "
-            f"({why}){need}{_time_spread(p)}"
-        )
-    return notes
+        return [f"precision: every level within its target (+-{targets[-1]:.0%}, 95%)"]
+    target = "/".join(f"+-{t:.0%}" for t in sorted({p["target"] for _, p in short}))
+    # the widest first: a level with no interval at all is wider than any
+    c, p = max(short, key=lambda cp: math.inf if cp[1]["half_width"] is None else cp[1]["half_width"])
+    hw = f"+-{p['half_width']:.1%}" if p["half_width"] is not None else "no interval"
+    why = "its budget spent" if p["budget_spent"] else "the rule's own estimate stopped it"
+    units = "server instances per arm" if p.get("unit") == "instance" else "rounds"
+    need = f"; its variance implies {p['rounds_for_target']} {units}" if p["rounds_for_target"] else ""
+    ruled = [x for x, q in short if not q["budget_spent"]]
+    stopped = f"; the rule's own estimate stopped {symbol}={levels_text(ruled)}" if ruled and len(short) > 1 else ""
+    return [
+        f"precision: {symbol}={levels_text([x for x, _ in short])} short of the target {target} (95%); the widest "
+        f"{symbol}={c:g}: {hw} after {p['rounds']} {units} ({why}){need}{_time_spread(p)}{stopped}"
+    ]
 
 
 def _time_spread(p: dict[str, Any]) -> str:

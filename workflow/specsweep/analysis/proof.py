@@ -10,6 +10,12 @@ policy serving the same K as a fixed arm is an A/A comparison, and on the vLLM C
 below 1 with intervals just under 1 (an instance's own speed, the per-batch-size path's bookkeeping): "fails"
 there would call a tie a loss.
 
+Two things come before that judgement. Where the engine's own counters show it served another K than the schedule's
+(`analysis/served.py`), the level is `not applied`: its throughput measures what ran, not the schedule, and the
+verdict names the engine's known causes first. Where the rule chose a smaller K than the best fixed arm's on purpose
+(inside the crossover interval, or a K within the noise: `analysis/caution.py`), the level is judged against the
+loss the sweep allowed there, not against 1 - m: `caution`, not a failure, while it stays within it.
+
 Choosing the best of several noisy arms by point value favours an arm that was lucky, so the comparison
 leans against the policy: a policy that holds here holds against the fixed arms as they were measured.
 """
@@ -19,12 +25,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scipy import stats as sps
+from scipy import special
 
 from specsweep.analysis.analyze import analyze_arm
 from specsweep.analysis.bootstrap import METRICS, CellBootstrap
+from specsweep.analysis.caution import caution_at, caution_text
 from specsweep.analysis.cells import Cell, load_cell
 from specsweep.analysis.paired import paired
+from specsweep.analysis.served import mismatch_text, served_k_of
 from specsweep.analysis.settings import AnalysisSettings
 from specsweep.analysis.verdict import levels_text
 from specsweep.engines.speculation import static_k
@@ -105,7 +113,7 @@ def mechanism_cost(rows: list[dict[str, Any]], confidence: float) -> dict[str, A
         logs = [math.log(r["ratio"]) for r in mine]
         var = sum(r["log_se"] ** 2 for r in mine) / n**2
         df = (sum(r["log_se"] ** 2 for r in mine) ** 2) / sum(r["log_se"] ** 4 / r["df"] for r in mine)
-        half = float(sps.t.ppf(0.5 + confidence / 2, max(1.0, df))) * math.sqrt(var)
+        half = float(special.stdtrit(max(1.0, df), 0.5 + confidence / 2)) * math.sqrt(var)
         mean = sum(logs) / n
         out[kind] = {
             "ratio": math.exp(mean),
@@ -114,6 +122,28 @@ def mechanism_cost(rows: list[dict[str, Any]], confidence: float) -> dict[str, A
             "levels": [r["concurrency"] for r in mine],
         }
     return out
+
+
+STATUSES = ("better", "holds", "caution", "fails", "not decided", "not judged", "not applied")
+
+
+def judge(
+    r: dict[str, Any], floor: float, band: tuple[float, float] | None, rounds: int | None
+) -> tuple[str, int | None]:
+    """A level's status against `floor` (1 - margin; at a level of the rule's caution, the loss it allows times
+    1 - margin), with the rounds that would decide it where its interval straddles the floor."""
+    lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+    if not r["used"] or lo is None or hi is None:
+        return "not judged", None
+    if hi < floor and band is not None and r["speedup"] >= band[0]:
+        return "holds", None  # below 1, but inside the level's A/A band: as far from 1 as two copies of one arm get
+    if hi < floor:
+        return "fails", None
+    if lo > 1.0:
+        return "better", None
+    if lo >= floor:
+        return "holds", None  # within the margin of the best fixed arm, or above it
+    return "not decided", rounds_to_decide(r["speedup"], lo, hi, floor, rounds)
 
 
 def _arm_proof(
@@ -125,7 +155,11 @@ def _arm_proof(
     cache: dict[str, CellBootstrap],
     schedule: list[list[int]] | None = None,
     members: dict[str, int] | None = None,
+    entry: dict[str, Any] | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
+    """One family's proof; `entry` its schedule.json entry (what the rule chose and why), `engine` the engine that
+    served it (its counters give the K served)."""
     metric = settings.primary_metric
     envelope: dict[float, Cell] = {}
     best_of: dict[float, str] = {}
@@ -143,36 +177,39 @@ def _arm_proof(
     vs_base = analyze_arm(cells, baseline, policy_arm, settings, cache)
     match = {r["concurrency"]: r.get("output_match") for r in vs_base["per_level"]}
     floor = 1.0 - settings.proof_margin
-    rows, failing, unjudged, undecided = [], [], [], []
+    entry = entry or {}
+    rows = []
     for r in regret["per_level"]:
         c = r["concurrency"]
         lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
         rounds = (r.get("paired") or {}).get("blocks")
-        decide = None
-        if not r["used"] or lo is None or hi is None:
-            status = "not judged"
-            unjudged.append(c)
-        elif hi < floor and (band := settings.noise_band_at(c)) is not None and r["speedup"] >= band[0]:
-            status = "holds"  # below 1, but inside the level's A/A band: as far from 1 as two copies of one arm get
-        elif hi < floor:
-            status = "fails"
-            failing.append(c)
-        elif lo > 1.0:
-            status = "better"
-        elif lo >= floor:
-            status = "holds"  # within the margin of the best fixed arm, or above it
-        else:
-            status = "not decided"
-            undecided.append(c)
-            decide = rounds_to_decide(r["speedup"], lo, hi, floor, rounds)
+        band = settings.noise_band_at(c)
+        status, decide = judge(r, floor, band, rounds)
         best = best_of.get(c)
         best_k = 0 if best == baseline else (members or {}).get(best or "")
+        scheduled = served_k(schedule, c)
+        policy_cell = cells.get(policy_arm, {}).get(c)
+        fixed_cells = {k: cells.get(arm, {}).get(c) for arm, k in (members or {}).items()}
+        refs = {k: None if x is None else x.summary for k, x in fixed_cells.items()}  # what serving K looks like
+        served = served_k_of(policy_cell.summary if policy_cell else None, scheduled, engine, refs)
+        caution = None
+        if status in ("fails", "not decided"):  # the rule's own caution is judged against what it promises
+            caution = caution_at(entry, c, scheduled, best, best_k)
+            if caution is not None and caution["bound"] is not None:
+                caution["floor"] = caution["bound"] * floor
+                status, decide = judge(r, caution["floor"], band, rounds)
+                status = "caution" if status in ("holds", "better") else status
+            if caution is not None:
+                caution["text"] = caution_text(c, caution, r.get("speedup"), lo, hi)
+        throughput = status
+        if served["applied"] is False:  # named before any throughput verdict: the schedule was not what ran
+            status, decide = "not applied", None
         paired_entry = r.get("paired") or {}
         rows.append(
             {
                 "concurrency": c,
                 "best_fixed_arm": best,
-                "compares": what_it_compares(served_k(schedule, c), best_k),
+                "compares": what_it_compares(scheduled, best_k),
                 "log_se": paired_entry.get("log_se"),
                 "df": paired_entry.get("df"),
                 "paired": bool((r.get("paired") or {}).get("blocks")),  # against the served arm, interleaved
@@ -182,30 +219,32 @@ def _arm_proof(
                 "ratio_lo": lo,
                 "ratio_hi": hi,
                 "status": status,
+                "throughput_status": throughput,
                 "rounds": rounds,
                 "rounds_to_decide": decide,
                 "output_match": match.get(c),
+                "scheduled_k": scheduled,
+                "served_k": served,
+                "caution": caution,
             }
         )
+    by = {s: [r["concurrency"] for r in rows if r["status"] == s] for s in STATUSES}
+    failing, unjudged, undecided = by["fails"], by["not judged"], by["not decided"]
+    not_applied = by["not applied"]
     shares = [m["share"] for m in match.values() if m]
-    margin = f"{settings.proof_margin:.0%}"
-    if failing:
-        verdict = (
-            f"POLICY FAILS at C={levels_text(failing)}: below the best fixed arm beyond the noise and the "
-            f"{margin} margin"
+    judged = [r for r in rows if r["status"] != "not applied"]
+    verdict = _verdict(rows, judged, by, settings.proof_margin)
+    if not_applied:
+        verdict = mismatch_text(
+            [(r["concurrency"], r["served_k"]) for r in rows if r["status"] == "not applied"], engine
+        ) + (f". Elsewhere: {verdict}" if judged else "")
+    missing = [r["concurrency"] for r in rows if r["served_k"]["served"] is None]
+    if missing:
+        verdict += (
+            f"; C={levels_text(missing)}: {_missing_note(rows)}: whether the engine applied the schedule there is "
+            "not checked"
         )
-    elif not rows or len(unjudged) == len(rows):
-        verdict = "not judged: no level with a valid policy cell and a valid fixed arm"
-    elif undecided:
-        need = [f"C={r['concurrency']:g}: ~{r['rounds_to_decide']}" for r in rows if r.get("rounds_to_decide")]
-        verdict = (
-            f"not decided at C={levels_text(undecided)}: the interval reaches below 1 - {margin} (the margin) "
-            f"and above it; rounds that would decide it: {', '.join(need) if need else 'unknown (not interleaved)'}"
-        )
-    else:
-        verdict = f"holds at every judged level: within {margin} of the best fixed arm (or the A/A noise), or above it"
-        if unjudged:
-            verdict += f" (C={levels_text(unjudged)} not judged: invalid or missing cells)"
+    holds = None if undecided and not failing else (not failing and len(unjudged) < len(judged))
     return {
         "policy_arm": policy_arm,
         "fixed_arms": fixed,
@@ -214,13 +253,53 @@ def _arm_proof(
         "failing_levels": failing,
         "unjudged_levels": unjudged,
         "undecided_levels": undecided,
+        "caution_levels": by["caution"],
+        "not_applied_levels": not_applied,
         "margin": settings.proof_margin,
         "mechanism": mechanism_cost(rows, settings.confidence),
-        "holds": None if undecided and not failing else (not failing and len(unjudged) < len(rows)),
+        "holds": None if not_applied else holds,
         "verdict": verdict,
         "output_match_min": min(shares) if shares else None,
         "source": regret["source"],
     }
+
+
+def _missing_note(rows: list[dict[str, Any]]) -> str:
+    return next(r["served_k"]["note"] for r in rows if r["served_k"]["served"] is None)
+
+
+def _verdict(rows: list[dict[str, Any]], judged: list[dict[str, Any]], by: dict[str, list[float]], m: float) -> str:
+    """The throughput verdict over the levels where the schedule was applied (or not known not to be)."""
+    margin = f"{m:.0%}"
+    if by["fails"]:
+        verdict = (
+            f"POLICY FAILS at C={levels_text(by['fails'])}: below the best fixed arm beyond the noise and the "
+            f"{margin} margin"
+        )
+        cautious_fail = [r["caution"]["text"] for r in rows if r["status"] == "fails" and r.get("caution")]
+        if cautious_fail:
+            verdict += f", and below even the loss the rule's caution allows ({'; '.join(cautious_fail)})"
+    elif not judged or len(by["not judged"]) == len(judged):
+        verdict = "not judged: no level with a valid policy cell and a valid fixed arm"
+    elif by["not decided"]:
+        need = [f"C={r['concurrency']:g}: ~{r['rounds_to_decide']}" for r in rows if r.get("rounds_to_decide")]
+        cautious = [r for r in rows if r["status"] == "not decided" and (r.get("caution") or {}).get("bound")]
+        also = "; at a level of the rule's caution, the loss it allows" if cautious else ""
+        verdict = (
+            f"not decided at C={levels_text(by['not decided'])}: the interval reaches below 1 - {margin} (the margin"
+            f"{also}) and above it; rounds that would decide it: "
+            f"{', '.join(need) if need else 'unknown (not interleaved)'}"
+        )
+    else:
+        verdict = f"holds at every judged level: within {margin} of the best fixed arm (or the A/A noise), or above it"
+        if by["caution"]:
+            verdict += ", or within the loss the rule's own caution allows"
+        if by["not judged"]:
+            verdict += f" (C={levels_text(by['not judged'])} not judged: invalid or missing cells)"
+    said = [r["caution"]["text"] for r in rows if r["status"] == "caution"]
+    if said:
+        verdict += f"; the rule's caution, not a failure: {'; '.join(said)}"
+    return verdict
 
 
 def policy_proof(
@@ -264,7 +343,16 @@ def policy_proof(
             continue
         fixed = [baseline, *(a for a, c in arms_cfg.items() if c.get("family") == family and not c.get("policy"))]
         proof = _arm_proof(
-            cells, name, fixed, baseline, settings, cache, sched.get("schedule"), sched.get("members") or {}
+            cells,
+            name,
+            fixed,
+            baseline,
+            settings,
+            cache,
+            sched.get("schedule"),
+            sched.get("members") or {},
+            sched,
+            (schedules or {}).get("engine"),
         )
         proof.update(
             schedule=sched.get("schedule"),

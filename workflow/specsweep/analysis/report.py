@@ -4,20 +4,40 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
+from specsweep.analysis.contents import content_warning
 from specsweep.analysis.policy import dump_yaml, policy_document, schedule_entries
 from specsweep.analysis.proof import policy_proof
 from specsweep.analysis.schedule import derive_schedules
 from specsweep.analysis.settings import AnalysisSettings
 from specsweep.analysis.table import table_csv
+from specsweep.analysis.unmeasured import unmeasured_comments
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
 from specsweep.io import atomic_write_json, atomic_write_text, read_json
 from specsweep.records import Crossover, check
 
 __all__ = ["report_variant", "server_args"]
+
+
+def policy_header(result: dict[str, Any]) -> str:
+    """policy.yaml's opening comment, read before anything is pasted: what the requests held, and the content
+    warning where the acceptance measured is not production's."""
+    facts = result.get("content")
+    if not facts:
+        return ""
+    lines = [
+        f"measured on: {facts['prompts']}; {facts['stop']} stop"
+        + (" (answers end at the model's end of text, output_tokens a cap)" if facts["stop"] == "natural" else "")
+        + f"; {result['source']} engine ({facts['engine']})"
+    ]
+    if result.get("content_warning"):
+        lines.append(result["content_warning"])
+    wrapped = [textwrap.wrap(line, 110) for line in lines]
+    return "".join(f"# {part}\n" for line in wrapped for part in line)
 
 
 def report_variant(
@@ -52,6 +72,9 @@ def report_variant(
     engine = result["engine"]
     variant_cfg = (config.get("variants") or {}).get(variant) or {}
     result["policy_rule"] = settings.policy_rule
+    facts = (config.get("contents") or {}).get(variant)
+    result["content"] = facts
+    result["content_warning"] = content_warning(facts) if spec_arms else None
     out: Path = out_dir
     arms_cfg = {a: server_args(config, variant, a) for a in spec_arms}
     policy = policy_document(result, engine, arms_cfg, variant_cfg, settings.policy_rule, str(out / "policy"))
@@ -84,5 +107,5 @@ def report_variant(
     check(Crossover, result, f"the crossover of {out}", "this is a bug in the analysis: report it")
     atomic_write_text(out / "crossover.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
     atomic_write_text(out / "crossover_table.csv", table_csv(result))
-    atomic_write_text(out / "policy.yaml", dump_yaml(policy))
+    atomic_write_text(out / "policy.yaml", policy_header(result) + unmeasured_comments(policy) + dump_yaml(policy))
     return result

@@ -29,6 +29,7 @@ from specsweep.analysis.cells import Cell
 from specsweep.analysis.policy import choose_threshold
 from specsweep.analysis.proof import best_fixed
 from specsweep.analysis.settings import AnalysisSettings
+from specsweep.analysis.unmeasured import unmeasured_range
 from specsweep.analysis.variant import analyze_cells
 from specsweep.config import server_args
 from specsweep.engines.speculation import (
@@ -145,6 +146,8 @@ def _family_schedule(
         ((arm, k),) = members.items()
         t = choose_threshold(result["arms"][arm], settings.policy_rule)
         entry.update(rule=f"threshold ({settings.policy_rule})", threshold=t["threshold"], reason=t["reason"])
+        x = t.get("crossover")  # the interval the threshold was drawn from: the proof reads the rule's caution in it
+        entry["crossover"] = {f: x.get(f) for f in ("estimate", "lo", "hi", "states")} if x else None
         entry["schedule"] = None if t["threshold"] is None else threshold_schedule(t["threshold"], k, upper)
         return entry
     entry["rule"] = "best K per level, the smallest within the noise; boundaries at measured levels"
@@ -186,6 +189,12 @@ def derive_schedules(
             entry.update(derived=entry.get("schedule"), schedule=[list(map(int, e)) for e in override])
             entry["rule"] = "given in the config (policy.schedules)"
         entry["served_by"] = served_by(entry.get("schedule"), members, result["baseline_arm"])
+        entry["unmeasured"] = unmeasured_range(
+            entry.get("schedule"),
+            max((x["concurrency"] for x in entry.get("per_level") or []), default=None),
+            config.get("concurrency") or [],
+            _evidence(entry.get("per_level") or [], result["baseline_arm"]),
+        )
         if engine == "sglang" and entry.get("schedule") and entry["served_by"] is None and file_dir is not None:
             _, unreachable = sglang_adaptive_config(entry["schedule"])
             path = file_dir / f"{family}.sglang-adaptive.json"
@@ -202,6 +211,18 @@ def derive_schedules(
     doc = {"variant": variant, "engine": engine, "baseline_arm": result["baseline_arm"], "families": fams}
     write_engine_files(doc)
     return doc
+
+
+def _evidence(choices: list[dict[str, Any]], baseline: str) -> str:
+    """What the highest measured level showed, in words: its best arm's speedup over the baseline."""
+    if not choices:
+        return ""
+    top = choices[-1]
+    best = next((x for x in top["candidates"] if x["arm"] == top["best"]), None)
+    if best is None or best["arm"] == baseline:
+        return f"the baseline was best at C={top['concurrency']:g}"
+    ci = f" [{best['lo']:.3g}, {best['hi']:.3g}]" if best.get("lo") is not None and best.get("hi") is not None else ""
+    return f"{best['arm']} measured {best['speedup']:.3g}{ci} over {baseline} at C={top['concurrency']:g}"
 
 
 def served_by(schedule: list[list[int]] | None, members: dict[str, int], baseline: str) -> str | None:

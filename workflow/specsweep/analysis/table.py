@@ -9,10 +9,11 @@ from typing import Any
 
 from specsweep.analysis.bootstrap import METRICS
 from specsweep.analysis.policy import choose_threshold
+from specsweep.analysis.served import served_k_text
 from specsweep.analysis.settings import LEVEL_SYMBOL
 from specsweep.analysis.verdict import crossover_text, levels_text
 
-__all__ = ["format_table", "table_csv", "table_rows"]
+__all__ = ["CONTENT_COLUMN", "content_line", "format_table", "table_csv", "table_rows"]
 
 
 def _fmt(v: float | None, nd: int = 3) -> str:
@@ -133,12 +134,36 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "clear_differences": ((r.get("output_match") or {}).get("referral") or {}).get("clear"),
                     "valid": valid,
                     "precision": r.get("precision"),
+                    "accept_length": (r.get("content") or {}).get("accept_length"),
+                    "answer_p50": (r.get("content") or {}).get("spec_output_p50"),
+                    "answer_cap_share": (r.get("content") or {}).get("spec_cap_share"),
                 }
             )
     return rows
 
 
 PRECISION_COLUMN = f" | {'rounds  +-':>13}"  # the table's column of each level's rounds and half-width
+# the speculative arm's accept length and its answers' median length and share at their cap (docs/metrics.md)
+CONTENT_COLUMN = f" | {'accept':>6} | {'answer p50 cap':>14}"
+
+
+def _content_cell(r: dict[str, Any]) -> str:
+    """A level's accept length and the speculative arm's answers: median tokens, share that reached the cap."""
+    cap = "-" if r["answer_cap_share"] is None else f"{100 * r['answer_cap_share']:.0f}%"
+    return f" | {_fmt(r['accept_length']):>6} | {_fmt(r['answer_p50'], 4):>9} {cap:>4}"
+
+
+def content_line(name: str, result: dict[str, Any]) -> str | None:
+    """What the arm's requests held (prompts, stop, engine), or None where the config says nothing of it."""
+    facts = result.get("content")
+    if not facts:
+        return None
+    stop = (
+        "natural stop (answers end at the model's end of text; output_tokens a cap)"
+        if facts["stop"] == "natural"
+        else "fixed stop (ignore_eos: every answer its full length)"
+    )
+    return f"{name}: content: {facts['prompts']}; {stop}; {result.get('source')} engine"
 
 
 def _precision_cell(p: dict[str, Any] | None) -> str:
@@ -185,12 +210,16 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result.get('experiment')}/{result.get('variant')}: {name} vs {ar['baseline_arm']} "
             f"({result.get('source')}; metric {ar['primary_metric']})"
         )
+        if result.get("content_warning"):
+            lines.append(f"{name}: {result['content_warning']}")
         unit = next(m.unit for m in METRICS if m.name == ar["primary_metric"])
         running = {r["level"]: r for r in (ar.get("running_requests") or {}).get("per_level") or []}
         extra = f" | {'running b / s':>13}" if running else ""
         mine = [r for r in table_rows(result) if r["arm"] == name]
         precise = any(r["precision"] for r in mine)
         extra += PRECISION_COLUMN if precise else ""
+        described = any(r["accept_length"] is not None or r["answer_p50"] is not None for r in mine)
+        extra += CONTENT_COLUMN if described else ""
         lines.append(table_header(conf, unit, LEVEL_LABEL.get(result.get("load", "closed"), "C"), extra))
         for r in mine:
             ci = f"{_fmt(r['speedup'])} [{_fmt(r['speedup_lo'])}, {_fmt(r['speedup_hi'])}]"
@@ -199,11 +228,15 @@ def format_table(result: dict[str, Any]) -> str:
             shown = f" | {_fmt(rr['baseline'])} / {_fmt(rr['spec'])}".ljust(16) if rr else ""
             if precise:
                 shown += f" | {_precision_cell(r['precision']):>13}"
+            if described:
+                shown += _content_cell(r)
             lines.append(
                 f"{_fmt(r['concurrency'], 6):>6} | {_fmt(r['baseline_tok_s'], 5):>14} | "
                 f"{_fmt(r['spec_tok_s'], 5):>10} | {ci:<24}{shown} | {same:>11} | {r['valid']}"
             )
         lines.append(_crossover_line(name, ar, result.get("load", "closed")))
+        if said := content_line(name, result):
+            lines.append(said)
         if running:
             lines.append(_running_line(name, ar, result.get("load", "open")))
         if ar.get("interval_note"):
@@ -250,6 +283,8 @@ def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:
                 + ", ".join(f"C={c['concurrency']:g} K={c['k']}" for c in choices)
             )
         lines.append(f"{family}: schedule {sched.get('schedule')} ({sched.get('rule')})")
+        if u := sched.get("unmeasured"):
+            lines.append(f"{family}: NOT MEASURED: {u['note']}; to measure: {u['command']}")
         if not proof.get("per_level"):
             if proof:
                 lines.append(f"{proof['policy_arm']}: {proof['verdict']}")
@@ -270,6 +305,9 @@ def _proof_lines(result: dict[str, Any], conf: int) -> list[str]:
             )
         approx = " (SGLang approximation: K=0 ranges draft 1 step)" if proof.get("approximate") else ""
         lines.append(f"{arm}: policy {proof['verdict']}{approx}")
+        served = [(r["concurrency"], r["served_k"]) for r in proof["per_level"] if r.get("served_k")]
+        if served:  # the K the engine served beside the K scheduled, from its counters ("not reported": none)
+            lines.append(f"{arm}: K served / scheduled: " + served_k_text(served))
         for kind, m in (proof.get("mechanism") or {}).items():
             lines.append(
                 f"{arm}: {kind}: {_fmt(m['ratio'])} [{_fmt(m['ratio_lo'])}, {_fmt(m['ratio_hi'])}] over "
@@ -303,6 +341,9 @@ def table_csv(result: dict[str, Any]) -> str:
         "rounds",
         "half_width",
         "target",
+        "accept_length",
+        "answer_p50",
+        "answer_cap_share",
     ]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()

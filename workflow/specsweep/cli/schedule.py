@@ -23,4 +23,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.variant}: schedules {how}")
     for family, entry in doc["families"].items():
         print(f"  {family}: {entry.get('schedule')}  ({entry.get('rule', '')}; {entry.get('reason', '')})")
+        if u := entry.get("unmeasured"):  # never shown as if measured (analysis/unmeasured.py)
+            print(f"    NOT MEASURED: {u['note']}; to measure:\n      {u['command']}")
     return 0

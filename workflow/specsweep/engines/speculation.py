@@ -64,6 +64,23 @@ def max_k(schedule: Schedule) -> int:
     return max(int(k) for _, _, k in schedule)
 
 
+def schedule_not_applied_causes(engine: str | None) -> str:
+    """The engine's known reasons for serving another K than a per-load schedule asks (the proof names them where
+    the served K, from the engine's counters, differs from the scheduled one)."""
+    return {
+        "vllm": (
+            "vLLM's model runner V2 ignores per-batch-size schedules (num_speculative_tokens_per_batch_size; vLLM "
+            "issue 51510), and vLLM disables speculation with data parallel > 1; check the server log and its "
+            "--speculative-config"
+        ),
+        "sglang": (
+            "SGLang turns adaptive speculation off with only a warning (topk > 1, DP attention, two-batch overlap); "
+            "check speculative_adaptive in /server_info and the server log"
+        ),
+        "sim": "the simulator applies --spec-schedule each step: a difference is a bug in it or in the arm's flags",
+    }.get(engine or "", f"engine {engine or 'unknown'}: no known cause; check its log and flags")
+
+
 def static_k(schedule: Schedule) -> int | None:
     """The one K a schedule serves over its whole range, or None when it switches. A schedule of one K is what
     a fixed arm serves with the static flag (K=0: the baseline server itself): no per-batch-size path, and no

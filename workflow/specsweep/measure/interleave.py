@@ -51,6 +51,7 @@ from specsweep.measure.cell import (
 )
 from specsweep.measure.metrics import jsonable
 from specsweep.measure.referral import refer_level
+from specsweep.measure.rounds import BUDGET_SPENT, judged_after, least_rounds
 from specsweep.measure.summary import judged, write_cell
 from specsweep.serving import servers
 
@@ -152,9 +153,6 @@ class RoundDecision(Protocol):
 RoundRule = Callable[[LevelProgress], RoundDecision]
 
 
-BUDGET_SPENT = "budget spent:"  # how a level's last decision starts when its budget, not its target, stopped it
-
-
 @dataclass(frozen=True)
 class Rounds:
     """How many rounds a level measures: `min_rounds`, then a round at a time until `rule` stops it or
@@ -220,6 +218,10 @@ async def _measure_blocks(
     decisions: list[str] = []
     growth, r = 1, 0
     ramp = concurrency if cells[arms[0]].spec["workload"]["stagger"] else 0
+    # the host's idle loop lag (the jitter a block's loop lag is judged against) is probed before each arm's first
+    # block of the level and stands for its later blocks, seconds apart: a probe before every block cost the
+    # default run 50 ms a block, 12 s in all
+    idle: dict[str, list[float]] = {}
 
     def level_results() -> dict[str, LevelResult]:
         return {
@@ -264,11 +266,12 @@ async def _measure_blocks(
                     server_pid=recs[measured].server_pid,
                     watch_cpus=cell.plan.watched,
                     watch_gpus=watched_gpus(cell.spec["variant"]),
-                    idle_probe_s=cell.spec["client"]["idle_probe_s"],
+                    idle_probe_s=0.0 if arm in idle else cell.spec["client"]["idle_probe_s"],
                     session=session,
                 )
             rep = level.repeats[0]
             rep.repeat = r
+            rep.idle_lag_samples = idle.setdefault(arm, rep.idle_lag_samples)
             repeats[arm].append(rep)
             warmup_errors[arm] += level.warmup_errors
             block_s = time.monotonic() - started
@@ -420,23 +423,6 @@ def rule_rounds(spec: dict[str, Any]) -> tuple[int, int]:
     precision = spec["precision"]
     least = least_rounds(int(precision["min_rounds"]), int(spec.get("pairing", {}).get("instances") or 1))
     return least, max(least, int(precision["max_rounds"]))
-
-
-CYCLE_ROUNDS = 2  # a complete counterbalanced cycle: A B | B A (any number of arms: the order reversed)
-
-
-def judged_after(rounds: int, least: int, most: int) -> bool:
-    """Whether the stopping rule judges a level after `rounds` rounds: from `least` on, after complete cycles
-    (A B | B A) only, and at `most`. A stop mid-cycle leaves one round's share of a linear drift in the mean,
-    and a block size changed mid-cycle gives the cycle's two rounds unequal spans of that drift; fewer looks
-    also select fewer lucky spreads (benchmarks/precision_coverage.py: looking after every round, A/A levels
-    under host noise and drift excluded 1 in 5.2% of 20,000 sweeps, after complete cycles in 4.7%)."""
-    return rounds >= most or (rounds >= least and rounds % CYCLE_ROUNDS == 0)
-
-
-def least_rounds(min_rounds: int, instances: int) -> int:
-    """min_rounds, raised to 2 per server instance where there are several (both arm orders on every one)."""
-    return max(min_rounds, 2 * instances if instances > 1 else 0)
 
 
 def needs_rule(spec: dict[str, Any]) -> bool:

@@ -63,6 +63,8 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
         " logged per concurrency as `<arm>.speedup` (step = C; `_lo`/`_hi` the 95% interval).",
         "",
     ]
+    if data.get("content_warning"):  # before any figure: the threshold is not one to paste
+        lines += [f"**{data['content_warning']}**", ""]
     for arm, result in (data.get("arms") or {}).items():
         lo, hi = result.get("crossover_ci_low"), result.get("crossover_ci_high")
         est = result.get("crossover_concurrency")
@@ -87,6 +89,8 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
         if proof.get("per_level"):
             status = proof_status(proof)
             status = f"FAILS at C={proof.get('failing_levels')}" if status == "fails" else status
+            if status == "not applied":
+                status = f"the engine did not apply the schedule at C={proof.get('not_applied_levels')}"
             lines.append(
                 f"- **{proof['policy_arm']}** (serves the schedule): {status}; `policy_over_best` per C is its"
                 " throughput over the best fixed arm's."
@@ -100,8 +104,11 @@ def crossover_note(data: dict[str, Any], variant: str, sweep_runs: dict[str, str
 
 
 def proof_status(proof: dict[str, Any]) -> str:
-    """A policy proof in one word: fails (a level below the margin), holds, not decided (a level straddles the
+    """A policy proof in one word: not applied (the engine served another K than the schedule's at a level, said
+    before any throughput verdict), fails (a level below the margin), holds, not decided (a level straddles the
     margin: more rounds decide it) or not judged; `holds` null is never read as a failure."""
+    if proof.get("not_applied_levels"):
+        return "not applied"
     if proof.get("failing_levels"):
         return "fails"
     if proof.get("holds"):

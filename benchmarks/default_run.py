@@ -112,24 +112,45 @@ JOB_KINDS = {
 }
 
 
-def cell_summaries(res: Path) -> tuple[list[dict], int]:
-    """Every measured cell of the run, judged, and how many of them are policy levels' reference re-measurements
-    (`<arm>/c<C>/reference/`: the best fixed arm measured again, paired with the policy arm; their closed loops
-    are measuring too). Instance cells (`instances/i<k>/`) are left out: their merged cell holds their figures."""
+def cell_summaries(res: Path) -> list[tuple[Path, dict]]:
+    """Every measured cell of the run (its folder, its judged summary), the policy levels' reference
+    re-measurements included (`<arm>/c<C>/reference/`: the best fixed arm measured again, paired with the policy
+    arm; their closed loops are measuring too). Instance cells (`instances/i<k>/`) are left out: their merged
+    cell holds their figures."""
     gates = defaults("gates")
-    cells = [read_judged(p.parent, gates)[0] for p in sorted(res.glob("*/*/c*/summary.json"))]
-    refs = [read_judged(p.parent, gates)[0] for p in sorted(res.glob("*/*/c*/reference/summary.json"))]
-    return cells + refs, len(refs)
+    paths = sorted([*res.glob("*/*/c*/summary.json"), *res.glob("*/*/c*/reference/summary.json")])
+    return [(p.parent, read_judged(p.parent, gates)[0]) for p in paths]
 
 
-def server_ready_s(summaries: list[dict]) -> float:
-    """Seconds the measuring jobs waited for their servers (started, or found up and checked): once per job. The
-    arms of an interleaved level share one wait (the same `pairing.id`, the same `ready_after_s` in each)."""
-    per_job: dict[str, float] = {}
-    for i, s in enumerate(summaries):
-        job = (s.get("pairing") or {}).get("id") or f"cell {i}"
-        per_job[job] = max(per_job.get(job, 0.0), float(s["server"].get("ready_after_s") or 0.0))
-    return sum(per_job.values())
+def measuring_jobs(cells: list[tuple[Path, dict]]) -> dict[str, list[tuple[Path, dict]]]:
+    """The cells by the job that measured them, under the job's `benchmark:` name: the arms of an interleaved
+    level share a `pairing.id` (`paired.<variant>.<level>`; a policy arm's level with its reference:
+    `cell.<variant>.<policy arm>.<level>`); a sequential cell is a job of its own (`cell.<variant>.<arm>.<level>`)."""
+    groups: dict[str, list[tuple[Path, dict]]] = {}
+    for d, s in cells:
+        groups.setdefault((s.get("pairing") or {}).get("id") or str(d), []).append((d, s))
+    jobs = {}
+    for members in groups.values():
+        own = [d for d, _ in members if d.name != "reference"]
+        level, arm, variant = own[0].name, own[0].parent.name, own[0].parent.parent.name
+        jobs[f"paired.{variant}.{level}" if len(own) > 1 else f"cell.{variant}.{arm}.{level}"] = members
+    return jobs
+
+
+def healing_s(bench: dict[str, float], jobs: dict[str, list[tuple[Path, dict]]]) -> tuple[float, int]:
+    """Seconds the measuring jobs spent on attempts that did not count (a cell measured again: `cell_attempts`,
+    the wait for a quiet host before it) and how many jobs did: each such job's time beyond its counted attempt's
+    blocks and its server wait, less what a job measured once spends besides those (their median)."""
+    other, healed = [], []
+    for name, members in jobs.items():
+        if name not in bench:
+            continue
+        blocks = sum(float(s.get("level_s") or 0.0) for _, s in members)
+        ready = max(float(s["server"].get("ready_after_s") or 0.0) for _, s in members)
+        again = any((s.get("attempts") or {}).get("made", 1) > 1 for _, s in members)
+        (healed if again else other).append(bench[name] - blocks - ready)
+    usual = statistics.median(other) if other else 0.0
+    return sum(max(0.0, x - usual) for x in healed), len(healed)
 
 
 def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | None = None) -> dict | None:
@@ -138,32 +159,47 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | Non
     (wall, measuring, share, cells valid), None where the folder holds no cells."""
     res = work / "results" / exp
     bench = {p.stem: float(pd.read_csv(p, sep="\t")["s"].iloc[0]) for p in (res / "benchmarks").glob("*.tsv")}
-    summaries, n_refs = cell_summaries(res)
+    cells = cell_summaries(res)
+    summaries = [s for _, s in cells]
     if not summaries:
         print(f"no cells under {res}: not a finished run of experiment {exp!r}", file=sys.stderr)
         return None
+    n_refs = sum(d.name == "reference" for d, _ in cells)
     measuring = sum(s["measured_s"] for s in summaries)
+    blocks = sum(float(s.get("level_s") or 0.0) for s in summaries)
     kinds = {name: [v for k, v in bench.items() if k.startswith(prefixes)] for name, prefixes in JOB_KINDS.items()}
     jobs = sum(sum(v) for v in kinds.values())
-    startup = server_ready_s(summaries)
+    by_job = measuring_jobs(cells)
+    # a job's server wait: the arms of an interleaved level share one (the same ready_after_s in each)
+    startup = sum(max(float(s["server"].get("ready_after_s") or 0.0) for _, s in m) for m in by_job.values())
+    healing, n_healed = healing_s(bench, by_job)
     n_measuring = len(kinds["measuring jobs"])
     rows = [
         ("measuring (closed loops)", measuring, None),
+        ("blocks besides (probe, flush, counters, ramp)", blocks - measuring, None),
         ("server start-up / reuse checks", startup, None),
-        ("warm-up, flush, prompts, job process", sum(kinds["measuring jobs"]) - measuring - startup, n_measuring),
+        (
+            "job process (imports, prompts, summaries)",
+            sum(kinds["measuring jobs"]) - blocks - startup - healing,
+            n_measuring,
+        ),
+        ("measured again (attempts that did not count)", healing, n_healed),
     ]
     rows += [(name, sum(kinds[name]), len(kinds[name])) for name in JOB_KINDS if name != "measuring jobs"]
     total = wall if wall is not None else jobs
-    cells = f"{len(summaries) - n_refs} cells + {n_refs} reference re-measurements"
+    what = f"{len(summaries) - n_refs} cells + {n_refs} reference re-measurements"
     if wall is not None:
         rows.append(("Snakemake itself (parse, DAG, scheduling)", wall - jobs, None))
-        print(f"default run: {cells}, wall {wall:.1f} s ({work})")
+        print(f"default run: {what}, wall {wall:.1f} s ({work})")
     else:
-        print(f"finished run: {cells}, wall not timed here; jobs' own time {total:.1f} s ({work})")
+        print(f"finished run: {what}, wall not timed here; jobs' own time {total:.1f} s ({work})")
     for name, secs, n in rows:
         count = f"  ({n} jobs)" if n is not None else ""
-        print(f"  {name:<42} {secs:7.1f} s  {100 * secs / total:5.1f} %{count}")
+        print(f"  {name:<46} {secs:7.1f} s  {100 * secs / total:5.1f} %{count}")
     print(f"  outside measuring: {total - measuring:.1f} s ({100 * (total - measuring) / total:.1f} %)")
+    if healing:
+        rest = total - healing
+        print(f"  without the attempts that did not count: {rest:.1f} s, measuring {100 * measuring / rest:.1f} %")
     valid = sum(bool(s["validity"]["valid"]) for s in summaries)
     print(f"  valid cells: {valid}/{len(summaries)}")
     print_attempts(res)
@@ -172,7 +208,14 @@ def report(work: Path, exp: str, wall: float | None, stdout: str, rev: str | Non
     if rev is not None:  # --readme: the run as it printed, invalid cells and their re-measure command included
         write_readme_sample(final_block(stdout, work), stamp_line(summaries, wall, rev))
         print(f"README sample written ({README})")
-    return {"wall": wall, "measuring": measuring, "share": measuring / total, "valid": valid, "cells": len(summaries)}
+    return {
+        "wall": wall,
+        "measuring": measuring,
+        "share": measuring / total,
+        "healing": healing,
+        "valid": valid,
+        "cells": len(summaries),
+    }
 
 
 def print_attempts(res: Path) -> None:
@@ -308,7 +351,8 @@ def print_runs(runs: list[dict]) -> None:
     for i, r in enumerate(runs, 1):
         print(
             f"  run {i}: wall {r['wall']:6.1f} s, measuring {r['measuring']:6.1f} s ({100 * r['share']:4.1f} %), "
-            f"valid cells {r['valid']}/{r['cells']}, host load {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
+            f"measured again {r['healing']:5.1f} s, valid cells {r['valid']}/{r['cells']}, "
+            f"host load {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
         )
     walls, shares = [r["wall"] for r in runs], [100 * r["share"] for r in runs]
     print(

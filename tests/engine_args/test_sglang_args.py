@@ -219,5 +219,13 @@ def test_the_referral_request_and_its_answer_as_sglang_reads_and_writes_them(sgl
     meta = {"output_token_logprobs": out["output_token_logprobs"], "output_top_logprobs": out["output_top_logprobs"]}
     replayed = read_replay(spec, json.loads(json.dumps({"text": "<17><5>", "meta_info": meta})))
     assert replayed.tokens == ["<17>", "<5>"] and replayed.text == "<17><5>"
-    assert replayed.top[0] == [("<17>", -0.4), ("<4>", -0.9), ("<99>", -2.0), ("<3>", -3.1), ("<8>", -4.5)]
-    assert replayed.top[1][:2] == [("<5>", -0.1), ("<6>", -2.5)]
+    assert replayed.ids == [17, 5] and replayed.logprobs == [-0.4, -0.1]
+    # each candidate: its text, its log-probability and its token id (the referral matches ids, not texts)
+    assert replayed.top[0] == [
+        ("<17>", -0.4, 17),
+        ("<4>", -0.9, 4),
+        ("<99>", -2.0, 99),
+        ("<3>", -3.1, 3),
+        ("<8>", -4.5, 8),
+    ]
+    assert replayed.top[1][:2] == [("<5>", -0.1, 5), ("<6>", -2.5, 6)]

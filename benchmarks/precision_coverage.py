@@ -36,7 +36,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 from specsweep.analysis.paired import Rounds, _segments_estimate, paired_rounds  # noqa: E402
-from specsweep.analysis.precision import PrecisionSettings, RoundCost, next_step, segment_step  # noqa: E402
+from specsweep.analysis.precision import (  # noqa: E402
+    VERDICT_DECIDED,
+    PrecisionSettings,
+    RoundCost,
+    next_step,
+    segment_step,
+    verdict_decided,
+)
 from specsweep.measure.interleave import judged_after  # noqa: E402
 
 BLOCK_DF = 18  # a round's blocks' noise estimate: two blocks of 10 time blocks each
@@ -66,11 +73,17 @@ SCENARIOS = (
     Scenario("two instances", 1.3, within=0.002, between=0.0008, drift=0.0, instance_sd=0.02),
     Scenario("A/A, two instances", 1.0, within=0.002, between=0.0008, drift=0.0, instance_sd=0.02),
     Scenario("quiet (sim C=100)", 0.88, within=0.0015, between=0.0001, drift=0.0, instance_sd=0.0),
+    # where the verdict stop acts: a sign known early (far from 1), or only near the decide margin
+    Scenario("far below 1 (sim C=250)", 0.72, within=0.002, between=0.004, drift=0.0, instance_sd=0.0),
+    Scenario("just above the margin", 1.04, within=0.002, between=0.002, drift=0.01, instance_sd=0.0),
+    Scenario("just below the margin", 0.96, within=0.003, between=0.001, drift=0.0, instance_sd=0.0),
 )
 
 
-def one_level(s: Scenario, settings: PrecisionSettings, rng: np.random.Generator) -> tuple[bool, bool, bool, int, int]:
-    """One level measured under the rule: (covered, excludes 1, met, rounds, requests)."""
+def one_level(
+    s: Scenario, settings: PrecisionSettings, rng: np.random.Generator
+) -> tuple[bool, bool, bool, bool, int, int]:
+    """One level measured under the rule: (covered, excludes 1, met, stopped on its verdict, rounds, requests)."""
     instances = 2 if s.instance_sd > 0 else 1
     offsets = rng.normal(0.0, s.instance_sd, size=instances) if instances > 1 else np.zeros(1)
     cycle = list(range(1, instances + 1)) + list(range(instances, 0, -1))
@@ -93,14 +106,16 @@ def one_level(s: Scenario, settings: PrecisionSettings, rng: np.random.Generator
         rounds = Rounds(np.array(d), np.array(w), BLOCK_DF * len(d), tuple(on))
         pe = paired_rounds(rounds, 2, rng)
         cost = RoundCost(seconds, sizes, 2 * s.overhead_s)
-        nxt = next_step(pe, settings, cost, growth, settings.max_block_growth)
+        decided = verdict_decided({"eagle3": pe}, settings.decide_margin, settings.confidence, settings.looks)
+        nxt = next_step(pe, settings, cost, growth, settings.max_block_growth, decided)
         if nxt.stop:
             break
         growth = nxt.growth
     assert pe is not None
     t = pe.half_width(settings.confidence)
     lo, hi = pe.speedup / (1 + t), pe.speedup * (1 + t)
-    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, t <= (settings.target or 0), len(d), sum(sizes)
+    met = t <= (settings.target or 0)
+    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, met, nxt.reason.startswith(VERDICT_DECIDED), len(d), sum(sizes)
 
 
 @dataclass(frozen=True)
@@ -126,9 +141,10 @@ SEGMENT_ARMS = ("baseline", "eagle3")
 
 
 def one_segmented_level(
-    s: SegmentScenario, target: float, most: int, rng: np.random.Generator
-) -> tuple[bool, bool, bool, int, int]:
-    """One sequential level under the segment rule: (covered, excludes 1, met, instances per arm, blocks)."""
+    s: SegmentScenario, target: float, most: int, margin: float | None, rng: np.random.Generator
+) -> tuple[bool, bool, bool, bool, int, int]:
+    """One sequential level under the segment rule: (covered, excludes 1, met, stopped on its verdict, instances per
+    arm, blocks)."""
     values: dict[str, dict[int, float]] = {a: {} for a in SEGMENT_ARMS}
     log_var: dict[str, dict[int, tuple[float, int]]] = {a: {} for a in SEGMENT_ARMS}
     blocks: list[dict[str, object]] = []
@@ -151,12 +167,14 @@ def one_segmented_level(
         pe = _segments_estimate(
             pairing, cells["baseline"], cells["eagle3"], boots["baseline"], boots["eagle3"], "m", True, 2, rng
         )
-        if segment_step(pe, target, 0.95, k, most).stop:
+        decided = verdict_decided({"eagle3": pe}, margin, 0.95, max(1, most - 1))
+        step = segment_step(pe, target, 0.95, k, most, decided)
+        if step.stop:
             break
     assert pe is not None
     t = pe.half_width(0.95)
     lo, hi = pe.speedup / (1 + t), pe.speedup * (1 + t)
-    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, t <= target, k, 2 * k
+    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, t <= target, step.reason.startswith(VERDICT_DECIDED), k, 2 * k
 
 
 def main() -> None:
@@ -168,15 +186,22 @@ def main() -> None:
     ap.add_argument("--max-rounds", type=int, default=10)
     ap.add_argument("--max-block-growth", type=int, default=4)
     ap.add_argument("--max-instances", type=int, default=4, help="the segment rule's budget (the Kimi example's)")
+    ap.add_argument(
+        "--decide-margin",
+        type=float,
+        default=0.02,
+        help="precision.decide_margin: a level also stops once its verdict is known (negative: off, the width alone)",
+    )
     ap.add_argument("--smoke", action="store_true", help="10 sweeps: the script runs (the pipeline tier)")
     args = ap.parse_args()
     if args.smoke:
         args.sweeps = 10
     rng = np.random.default_rng(args.seed)
-    rows: list[tuple[str, float, float, float, float, float]] = []
+    margin = args.decide_margin if args.decide_margin >= 0 else None
+    rows: list[tuple[str, float, float, float, float, float, float]] = []
     designs: dict[str, tuple[list[bool], list[bool]]] = {}
 
-    def tally(design: str, name: str, speedup: float, res: list[tuple[bool, bool, bool, int, int]]) -> None:
+    def tally(design: str, name: str, speedup: float, res: list[tuple[bool, bool, bool, bool, int, int]]) -> None:
         """One scenario's levels into its row and its design's coverage and A/A shares."""
         cov, excl = designs.setdefault(design, ([], []))
         cov += [x[0] for x in res]
@@ -189,7 +214,8 @@ def main() -> None:
                 float(np.mean([x[1] for x in res])) if speedup == 1.0 else float("nan"),
                 float(np.mean([x[2] for x in res])),
                 float(np.mean([x[3] for x in res])),
-                float(np.mean([x[4] for x in res])) if design == "interleaved rounds" else float("nan"),
+                float(np.mean([x[4] for x in res])),
+                float(np.mean([x[5] for x in res])) if design == "interleaved rounds" else float("nan"),
             )
         )
 
@@ -201,23 +227,25 @@ def main() -> None:
                 "max_rounds": args.max_rounds,
                 "max_level_s": None,
                 "max_block_growth": args.max_block_growth,
+                "decide_margin": margin,
             },
             2 if s.instance_sd > 0 else 1,
         )
         tally("interleaved rounds", s.name, s.speedup, [one_level(s, settings, rng) for _ in range(args.sweeps)])
     for g in SEGMENT_SCENARIOS:
-        res = [one_segmented_level(g, args.target, args.max_instances, rng) for _ in range(args.sweeps)]
+        res = [one_segmented_level(g, args.target, args.max_instances, margin, rng) for _ in range(args.sweeps)]
         tally("sequential segments", g.name, g.speedup, res)
     print(
         f"{args.sweeps} synthetic sweeps, target +-{args.target:.0%}, min_rounds {args.min_rounds}, "
-        f"max_rounds {args.max_rounds}, segments 2-{args.max_instances} instances per arm (interval: analysis.paired; "
+        f"max_rounds {args.max_rounds}, segments 2-{args.max_instances} instances per arm, verdict stop "
+        f"{'off' if margin is None else f'outside 1 +- {margin:.0%}'} (interval: analysis.paired; "
         "rule: analysis.precision; segments: rounds = instances per arm)"
     )
-    print(f"{'scenario':34} | coverage | excludes 1 | target met | rounds | requests/arm")
-    for name, cov, excl, met, rounds, req in rows:
+    print(f"{'scenario':34} | coverage | excludes 1 | target met | decided | rounds | requests/arm")
+    for name, cov, excl, met, decided, rounds, req in rows:
         ex = f"{excl:10.1%}" if math.isfinite(excl) else f"{'-':>10}"
         shown = f"{req:8.0f}" if math.isfinite(req) else f"{'-':>8}"
-        print(f"{name:34} | {cov:8.1%} | {ex} | {met:10.1%} | {rounds:6.1f} | {shown}")
+        print(f"{name:34} | {cov:8.1%} | {ex} | {met:10.1%} | {decided:7.1%} | {rounds:6.1f} | {shown}")
     for design, (cov, excl) in designs.items():  # each design on its own: one's margin hides no other's excess
         print(
             f"{design}: coverage of the 95% intervals {np.mean(cov):.1%} of {len(cov)} levels (goal >= 93%); "

@@ -10,12 +10,14 @@ import pytest
 from specsweep.analysis.paired import Rounds, paired_rounds
 from specsweep.analysis.precision import (
     BUDGET_SPENT,
+    VERDICT_DECIDED,
     PrecisionSettings,
     RoundCost,
     block_growth,
     components,
     next_step,
     precision_notes,
+    verdict_decided,
 )
 from specsweep.measure.interleave import judged_after
 
@@ -218,3 +220,45 @@ def test_under_a_seconds_budget_the_block_size_is_the_one_whose_rounds_that_fit_
     assert not tight.stop and tight.growth == 1
     roomy = next_step(estimate(content), settings(max_rounds=10, max_level_s=2000.0), spent, 1, 4)
     assert not roomy.stop and roomy.growth > 1
+
+
+def test_a_level_far_from_one_stops_when_its_verdict_is_known_short_of_its_target() -> None:
+    # the default run's C=250: ~0.72, its rounds spread +-12% (95%), wider than +-5% but wholly below 1 - 2%
+    st = settings(decide_margin=0.02)
+    pe = estimate(rounds([-0.25, -0.40, -0.30, -0.38], 4e-4))
+    decided = verdict_decided({"eagle3": pe}, st.decide_margin, st.confidence, st.looks)
+    assert decided is not None and "below 1 - 2%" in decided and "95% over 3 looks" in decided, decided
+    nxt = next_step(pe, st, cost(4), 1, 4, decided)
+    assert nxt.stop and nxt.reason.startswith(VERDICT_DECIDED), nxt
+
+
+def test_a_level_near_one_or_off_or_with_an_undecided_k_choice_goes_on() -> None:
+    st = settings(decide_margin=0.02)
+    near = estimate(rounds([0.02, 0.05, -0.01, 0.04], 4e-4))  # ~1.025, reaching below 1 + 2%
+    assert verdict_decided({"eagle3": near}, st.decide_margin, st.confidence, st.looks) is None
+    far = estimate(rounds([0.30, 0.36, 0.33, 0.34], 4e-4))
+    assert verdict_decided({"eagle3": far}, None, st.confidence, st.looks) is None  # the stop off
+    # two K arms both winning, their intervals overlapping: the K choice is not known yet
+    k2 = estimate(rounds([0.31, 0.35, 0.32, 0.35], 4e-4))
+    assert verdict_decided({"k3": far, "k2": k2}, st.decide_margin, st.confidence, st.looks) is None
+    k1 = estimate(rounds([0.10, 0.11, 0.10, 0.11], 1e-5))
+    assert verdict_decided({"k3": far, "k1": k1}, st.decide_margin, st.confidence, st.looks) is not None
+    # the stop's confidence spends 5% over the looks: a verdict the 95% interval alone shows may not stop it
+    assert settings(decide_margin=0.02, max_rounds=40).looks == 19
+
+
+def test_decided_levels_are_named_apart_from_short_ones() -> None:
+    def p(hw: float, met: bool, decided: bool) -> dict:
+        return {"target": 0.05, "half_width": hw, "met": met, "budget_spent": False, "decided": decided, "rounds": 4}
+
+    notes = precision_notes(
+        [
+            {"concurrency": 1, "precision": p(0.03, True, False)},
+            {"concurrency": 250, "precision": p(0.07, False, True)},
+        ],
+        "C",
+    )
+    assert notes == [
+        "precision: every level within its target (+-5%, 95%); C=250 stopped with their verdict known "
+        "(outside 1 +- the decide margin)"
+    ]

@@ -266,7 +266,8 @@ def segment_cells(wildcards, name="summary.json", pairs=None):
 def segment_rule_args(wildcards):
     """The segment rule's target and budget on the command line (a param: changing them re-asks it)."""
     p = config["precision"]
-    return f"--target {p['target']} --max-instances {max_instances(config, wildcards.variant)}"
+    margin = "" if p["decide_margin"] is None else f" --decide-margin {p['decide_margin']}"
+    return f"--target {p['target']} --max-instances {max_instances(config, wildcards.variant)}{margin}"
 
 
 def paired_priority_of(wildcards):

@@ -794,6 +794,16 @@ def _variant_for_arm(variant: dict[str, Any], arm: str) -> dict[str, Any]:
     return out
 
 
+def _precision_key(config: dict[str, Any]) -> dict[str, Any]:
+    """The precision block as a cell's identity holds it: `decide_margin` only where it is not the default
+    (added with its default on: the cells measured before it came keep their identity, and a stored cell stays
+    an answer, measured at least as long as the verdict stop would have)."""
+    precision = dict(config["precision"])
+    if precision.get("decide_margin") == defaults("precision")["decide_margin"]:
+        precision.pop("decide_margin", None)
+    return precision
+
+
 def cell_spec(
     config: dict[str, Any],
     variant: str,
@@ -892,7 +902,7 @@ def _common_cell_spec(
         "workload": unit_workload(config, variant),
         "client": config["client"],
         # interleaved levels measure until their answer is known (a change re-measures them)
-        **({"precision": config["precision"]} if pairing_mode(config, variant) == "interleaved" else {}),
+        **({"precision": _precision_key(config)} if pairing_mode(config, variant) == "interleaved" else {}),
         # one server at a time: a speculative cell refers its outputs' differences from the baseline cell's on
         # its own server (an interleaved level refers them on the reference arm's, measure/interleave.py)
         **(

@@ -36,7 +36,8 @@ from specsweep.analysis.bootstrap import METRICS, THROUGHPUT, bootstrap_cell
 from specsweep.analysis.cells import Cell, request_arrays, summary_windows
 from specsweep.analysis.paired import PairedEstimate, Rounds, paired_estimate
 from specsweep.analysis.verdict import levels_text
-from specsweep.measure.rounds import BUDGET_SPENT, CYCLE_ROUNDS, least_rounds
+from specsweep.config import defaults
+from specsweep.measure.rounds import BUDGET_SPENT, CYCLE_ROUNDS, VERDICT_DECIDED, least_rounds, looks
 from specsweep.measure.segments import merged_level
 from specsweep.records import SegmentDecision
 
@@ -54,6 +55,7 @@ class PrecisionSettings:
     max_level_s: float | None  # seconds of measuring per level (every arm's blocks), None: no time budget
     max_block_growth: int  # the largest block, in multiples of the configured requests per block
     confidence: float = 0.95
+    decide_margin: float | None = None  # stop once every arm's verdict is outside 1 +- this (None: width only)
 
     @classmethod
     def from_config(cls, precision: dict[str, Any], instances: int = 1) -> PrecisionSettings:
@@ -64,7 +66,14 @@ class PrecisionSettings:
             max_rounds=int(precision["max_rounds"]),
             max_level_s=precision.get("max_level_s"),
             max_block_growth=int(precision["max_block_growth"]),
+            # a cell's spec holds it only where it is not the default (`config._precision_key`)
+            decide_margin=precision.get("decide_margin", defaults("precision")["decide_margin"]),
         )
+
+    @property
+    def looks(self) -> int:
+        """The looks the rule may take at a level (after complete cycles, from min_rounds to max_rounds)."""
+        return looks(self.min_rounds, self.max_rounds)
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class LevelPrecision:
     half_width: float | None  # relative, of the 95% interval; None: no interval
     met: bool
     budget_spent: bool  # stopped by max_rounds or max_level_s before the target was met
+    decided: bool  # stopped when its verdict was known, before the target was met (precision.decide_margin)
     rounds: int
     requests: int | None  # measured requests per arm, every round
     block_growth: int  # the last round's requests per block over the configured ones
@@ -141,6 +151,7 @@ class LevelPrecision:
             "half_width": self.half_width,
             "met": self.met,
             "budget_spent": self.budget_spent,
+            "decided": self.decided,
             "rounds": self.rounds,
             "requests": self.requests,
             "block_growth": self.block_growth,
@@ -182,6 +193,7 @@ def assess(
     requests: int | None,
     block_growth: int,
     budget_spent: bool,
+    decided: bool = False,
 ) -> LevelPrecision:
     """The level's precision from its paired estimate."""
     hw = pe.half_width(confidence) if pe is not None else float("nan")
@@ -191,6 +203,7 @@ def assess(
         half_width=hw if math.isfinite(hw) else None,
         met=met,
         budget_spent=budget_spent and not met,
+        decided=decided and not met,
         rounds=pe.rounds.d.size if pe is not None and pe.rounds is not None else (pe.pairs if pe else 0),
         requests=requests,
         block_growth=block_growth,
@@ -210,8 +223,16 @@ def level_precision(cell: Cell | None, pe: PairedEstimate | None, confidence: fl
     if log is None:
         return assess(pe, None, confidence, None, 1, False)
     sizes = [int(n) for n in log["block_requests"]]
-    spent = bool(log["decisions"]) and str(log["decisions"][-1]).startswith(BUDGET_SPENT)
-    return assess(pe, log["target"], confidence, sum(sizes), sizes[-1] // sizes[0], spent)
+    last = str(log["decisions"][-1]) if log["decisions"] else ""
+    return assess(
+        pe,
+        log["target"],
+        confidence,
+        sum(sizes),
+        sizes[-1] // sizes[0],
+        last.startswith(BUDGET_SPENT),
+        last.startswith(VERDICT_DECIDED),
+    )
 
 
 def _segments_precision(cell: Cell, pe: PairedEstimate, confidence: float) -> LevelPrecision | None:
@@ -223,13 +244,15 @@ def _segments_precision(cell: Cell, pe: PairedEstimate, confidence: float) -> Le
     hw = pe.half_width(confidence)
     met = math.isfinite(hw) and hw <= log["target"]
     # each answer reads "i<k>: <decision>"
-    spent = bool(log["decisions"]) and str(log["decisions"][-1]).split(": ", 1)[-1].startswith(BUDGET_SPENT)
+    last = str(log["decisions"][-1]).split(": ", 1)[-1] if log["decisions"] else ""
+    spent = last.startswith(BUDGET_SPENT)
     ok = math.isfinite(pe.log_se) and pe.log_se > 0
     return LevelPrecision(
         target=log["target"],
         half_width=hw if math.isfinite(hw) else None,
         met=met,
         budget_spent=spent and not met,
+        decided=last.startswith(VERDICT_DECIDED) and not met,
         rounds=pe.pairs,
         requests=None,
         block_growth=1,
@@ -319,11 +342,17 @@ def stop_width(pe: PairedEstimate, confidence: float) -> float:
 
 
 def next_step(
-    pe: PairedEstimate | None, settings: PrecisionSettings, cost: RoundCost, growth: int, max_growth: int
+    pe: PairedEstimate | None,
+    settings: PrecisionSettings,
+    cost: RoundCost,
+    growth: int,
+    max_growth: int,
+    decided: str | None = None,
 ) -> Next:
-    """At a look (after a complete cycle, `judged_after`): stop when the target is met (after min_rounds) or the
-    budget is spent (max_rounds, or the next cycle would end past max_level_s), else the next cycle's block
-    size. A level without a target measures min_rounds rounds (`repeats`)."""
+    """At a look (after a complete cycle, `judged_after`): stop when the target is met (after min_rounds), the
+    verdict is known (`decided`, from `verdict_decided`) or the budget is spent (max_rounds, or the next cycle
+    would end past max_level_s), else the next cycle's block size. A level without a target measures min_rounds
+    rounds (`repeats`)."""
     n = len(cost.seconds)
     if n < settings.min_rounds:
         return Next(False, "fewer than min_rounds", growth)
@@ -332,6 +361,8 @@ def next_step(
     hw = stop_width(pe, settings.confidence) if pe is not None else float("nan")
     if math.isfinite(hw) and hw <= settings.target:
         return Next(True, f"target met: +-{hw:.1%} <= +-{settings.target:.0%}", growth)
+    if decided is not None:
+        return Next(True, f"{VERDICT_DECIDED} {decided}", growth)
     if n >= settings.max_rounds:
         return Next(True, f"{BUDGET_SPENT} max_rounds {settings.max_rounds}", growth)
     comp = components(pe.rounds) if pe is not None and pe.rounds is not None else None
@@ -348,8 +379,52 @@ def next_step(
     return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
 
 
+def verdict_decided(
+    estimates: dict[str, PairedEstimate | None], margin: float | None, confidence: float, n_looks: int
+) -> str | None:
+    """Whether the level's verdict is known, and how it reads; None where it is not (or the stop is off).
+
+    Known: every arm's interval against the reference (at the stop's confidence: the interval's error rate spread
+    over the `n_looks` the rule may take (Bonferroni), so stopping where a verdict first shows picks no lucky
+    interval; the blocks' noise included as the
+    width stop takes it) lies wholly above 1 + decide_margin or wholly below 1 - decide_margin, and where several
+    arms win, the best one's lower end lies above every other's upper end (the K choice decided). A level far from
+    the crossover then stops at its first look (the default run's C=250 read 0.718 [0.672, 0.761]) and the budget
+    stays with the levels whose sign is in doubt. The interval reported is the 95% one; stopping only on the wider
+    one keeps its coverage (benchmarks/precision_coverage.py)."""
+    if margin is None or not estimates:
+        return None
+    conf = 1 - (1 - confidence) / max(1, n_looks)
+    bounds: dict[str, tuple[float, float, float]] = {}
+    for arm, pe in estimates.items():
+        hw = stop_width(pe, conf) if pe is not None else math.nan
+        if pe is None or not math.isfinite(hw):
+            return None
+        lo, hi = pe.speedup / (1 + hw), pe.speedup * (1 + hw)
+        if not (lo > 1 + margin or hi < 1 - margin):
+            return None
+        bounds[arm] = (pe.speedup, lo, hi)
+    winners = {arm: b for arm, b in bounds.items() if b[1] > 1 + margin}
+    if len(winners) > 1:
+        best = max(winners, key=lambda a: winners[a][0])
+        if any(bounds[best][1] <= b[2] for arm, b in winners.items() if arm != best):
+            return None
+    shown = ", ".join(
+        f"{arm} {s:.3g} [{lo:.3g}, {hi:.3g}] {'above 1 +' if lo > 1 else 'below 1 -'} {margin:.0%}"
+        for arm, (s, lo, hi) in bounds.items()
+    )
+    return f"{shown} ({conf:.1%} intervals: {confidence:.0%} over {n_looks} looks)"
+
+
 def next_pair(
-    variant_root: Path, level: str, arms: list[str], instances: int, target: float, most: int, confidence: float = 0.95
+    variant_root: Path,
+    level: str,
+    arms: list[str],
+    instances: int,
+    target: float,
+    most: int,
+    decide_margin: float | None = None,
+    confidence: float = 0.95,
 ) -> SegmentDecision:
     """A sequential level's answer after its first `instances` instance pairs: the arms' cells merged from those
     instances in memory (as `merge-segments` would write them), each speculative arm's paired interval against
@@ -358,7 +433,9 @@ def next_pair(
     concurrency = int(next(iter(merged.values()))[1]["concurrency"])
     estimates = paired_estimates(merged, concurrency, arms[0])
     widest = widest_estimate(estimates, confidence)
-    step = segment_step(widest, target, confidence, instances, most)
+    # a look after every pair from the second on
+    decided = verdict_decided(estimates, decide_margin, confidence, max(1, most - 1))
+    step = segment_step(widest, target, confidence, instances, most, decided)
     hw = stop_width(widest, confidence) if widest is not None else float("nan")
     return SegmentDecision(
         instances=instances, more=not step.stop, decision=step.reason, half_width=hw if math.isfinite(hw) else None
@@ -382,7 +459,9 @@ class LevelRule:
         estimates = paired_estimates(cells, progress.concurrency, progress.reference_arm, self.metric.name)
         widest = widest_estimate(estimates, self.settings.confidence)
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
-        return next_step(widest, self.settings, cost, progress.growth, progress.max_growth)
+        st = self.settings
+        decided = verdict_decided(estimates, st.decide_margin, st.confidence, st.looks)
+        return next_step(widest, st, cost, progress.growth, progress.max_growth, decided)
 
 
 def paired_estimates(
@@ -421,15 +500,20 @@ def widest_estimate(estimates: dict[str, PairedEstimate | None], confidence: flo
     return widest if widest is not None and math.isfinite(width(widest)) else None
 
 
-def segment_step(pe: PairedEstimate | None, target: float, confidence: float, instances: int, most: int) -> Next:
+def segment_step(
+    pe: PairedEstimate | None, target: float, confidence: float, instances: int, most: int, decided: str | None = None
+) -> Next:
     """A sequential level's answer after `instances` instance pairs (each arm on that many server instances, in
-    the counterbalanced segment order): stop when its interval is within the target, or at `most` instances
-    (precision.max_instances), else measure one more pair. The same stop as the rounds' rule (`stop_width`, on
+    the counterbalanced segment order): stop when its interval is within the target, its verdict is known
+    (`decided`, from `verdict_decided`), or at `most` instances (precision.max_instances), else measure one
+    more pair. The same stop as the rounds' rule (`stop_width`, on
     the width only), with the instances as its units."""
     hw = stop_width(pe, confidence) if pe is not None else float("nan")
     goal = f"+-{100 * target:g}%"
     if math.isfinite(hw) and hw <= target:
         return Next(True, f"target met: +-{hw:.1%} <= {goal}", 1)
+    if decided is not None:
+        return Next(True, f"{VERDICT_DECIDED} {decided}", 1)
     if instances >= most:
         return Next(True, f"{BUDGET_SPENT} max_instances {most}", 1)
     shown = f"+-{hw:.1%}" if math.isfinite(hw) else "no interval"
@@ -445,10 +529,16 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
     measured = [(c, p) for c, p in rows if p["target"] is not None]
     if not measured:
         return []
-    short = [(c, p) for c, p in measured if not p["met"]]
+    short = [(c, p) for c, p in measured if not p["met"] and not p.get("decided")]
+    decided = [c for c, p in measured if p.get("decided")]
     targets = sorted({p["target"] for _, p in measured})
+    known = (
+        f"; {symbol}={levels_text(decided)} stopped with their verdict known (outside 1 +- the decide margin)"
+        if decided
+        else ""
+    )
     if not short:
-        return [f"precision: every level within its target (+-{targets[-1]:.0%}, 95%)"]
+        return [f"precision: every level within its target (+-{targets[-1]:.0%}, 95%){known}"]
     target = "/".join(f"+-{t:.0%}" for t in sorted({p["target"] for _, p in short}))
     # the widest first: a level with no interval at all is wider than any
     c, p = max(short, key=lambda cp: math.inf if cp[1]["half_width"] is None else cp[1]["half_width"])
@@ -460,7 +550,7 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
     stopped = f"; the rule's own estimate stopped {symbol}={levels_text(ruled)}" if ruled and len(short) > 1 else ""
     return [
         f"precision: {symbol}={levels_text([x for x, _ in short])} short of the target {target} (95%); the widest "
-        f"{symbol}={c:g}: {hw} after {p['rounds']} {units} ({why}){need}{_time_spread(p)}{stopped}"
+        f"{symbol}={c:g}: {hw} after {p['rounds']} {units} ({why}){need}{_time_spread(p)}{stopped}{known}"
     ]
 
 

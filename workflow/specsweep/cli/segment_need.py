@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", required=True, type=int, help="instance pairs measured so far")
     parser.add_argument("--target", required=True, type=float, help="precision.target (0.05: +-5%%)")
     parser.add_argument("--max-instances", required=True, type=int, help="precision.max_instances")
+    parser.add_argument(
+        "--decide-margin", type=float, default=None, help="precision.decide_margin (default: the width alone stops)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="where the answer goes (JSON)")
 
 
@@ -24,7 +27,15 @@ def run(args: argparse.Namespace) -> int:
     from specsweep.analysis.precision import next_pair  # scipy and the bootstrap: only when a level asks
 
     try:
-        answer = next_pair(args.variant_root, args.level, args.arms, args.instances, args.target, args.max_instances)
+        answer = next_pair(
+            args.variant_root,
+            args.level,
+            args.arms,
+            args.instances,
+            args.target,
+            args.max_instances,
+            args.decide_margin,
+        )
     except FileNotFoundError as e:
         print(f"no answer: an instance's cell is missing ({e.filename}); rerun its instance cell", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 BUDGET_SPENT = "budget spent:"  # how a level's last decision starts when its budget, not its target, stopped it
+VERDICT_DECIDED = "verdict decided:"  # how it starts when its verdict was known before its target was met
 
 CYCLE_ROUNDS = 2  # a complete counterbalanced cycle: A B | B A (any number of arms: the order reversed)
 
@@ -21,3 +22,9 @@ def judged_after(rounds: int, least: int, most: int) -> bool:
 def least_rounds(min_rounds: int, instances: int) -> int:
     """min_rounds, raised to 2 per server instance where there are several (both arm orders on every one)."""
     return max(min_rounds, 2 * instances if instances > 1 else 0)
+
+
+def looks(least: int, most: int) -> int:
+    """How many times the stopping rule may judge a level between `least` and `most` rounds (`judged_after`): the
+    verdict stop spends its error rate over them."""
+    return sum(judged_after(r, least, most) for r in range(least, most + 1))

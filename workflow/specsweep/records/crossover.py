@@ -21,6 +21,9 @@ class LevelPrecision(Record):
     half_width: float | None = Field(description="the 95% interval's relative half-width reached (null: none)")
     met: bool = Field(description="half_width <= target")
     budget_spent: bool = Field(description="stopped by its budget (max_rounds, max_level_s, max_instances), short")
+    decided: bool = Field(
+        False, description="stopped short of the target with its verdict known (outside 1 +- precision.decide_margin)"
+    )
     rounds: int = Field(description="rounds the interval rests on (unit instance: server instances per arm)")
     requests: int | None = Field(description="measured requests per arm, every round (null: fixed rounds)")
     block_growth: int = Field(description="the last round's requests per block over the configured ones")

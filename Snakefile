@@ -82,6 +82,7 @@ onstart:
     from specsweep.serving.servers import stop_on_sigterm
 
     stop_on_sigterm(STATE_DIR)
+    start_run_budget()
 
 
 onsuccess:
@@ -90,6 +91,7 @@ onsuccess:
 
     stop_all(STATE_DIR, reason="workflow finished")
     print_final(config, [str(f) for f in workflow.overwrite_configfiles or []])
+    print_run_budget()
 
 
 onerror:

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(600)]
 
 TARGET = 0.05
 MAX_ROUNDS = 6
+RUN_S = 900
 
 
 def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover_servers: None) -> None:
@@ -30,6 +31,8 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
     config["workload"]["requests"] = {"per_concurrency": 2, "floor": 8, "max": 64}
     # the printed interval is the replicates' percentiles: enough of them that it reads the half-width it rests on
     config["analysis"]["bootstrap_samples"] = 4000
+    # a run budget roomy enough to leave the levels their own (max_rounds): its clock, ledger and account are run
+    config["budget"] = {"run_s": RUN_S}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(tmp_path, "crossover")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -53,7 +56,8 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         assert not log["decisions"][-1].startswith("target met") or n % 2 == 0, log
         assert all(x.endswith("judged after complete cycles (A B | B A)") for x in log["decisions"][2:-1:2]), log
         assert max(sizes) <= 64  # never past workload.requests.max
-        assert len(log["decisions"]) == n and log["decisions"][-1].split(":")[0] in ("target met", "budget spent")
+        stops = ("target met", "budget spent", "verdict decided")
+        assert len(log["decisions"]) == n and log["decisions"][-1].split(":")[0] in stops, log
         # each round sent the requests its block size says (the ramp's rows are not measured)
         records = pd.read_parquet(cells["eagle3"] / "requests.parquet")
         measured = records[measured_rows(records)]
@@ -75,7 +79,11 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         # a level the rule stopped on its target reads within it here too (the bootstrap's own sampling aside)
         if log["decisions"][-1].startswith("target met"):
             assert p["half_width"] <= TARGET * 1.1, p
-        if not p["met"]:  # said, never shown as met
+        if p["decided"]:  # stopped short of the target on its verdict: named as such, its interval outside 1 +- 2%
+            assert log["decisions"][-1].startswith("verdict decided") and not p["met"], log
+            assert lo > 1.0 or hi < 1.0, row
+            assert any("stopped with their verdict known" in x for x in notes), notes
+        elif not p["met"]:  # said, never shown as met
             short = [x for x in notes if x.startswith("precision: C=") and " short of the target " in x]
             assert len(short) == 1, notes  # one line per arm, listing the levels and the widest
             levels = short[0].removeprefix("precision: C=").split(" short of")[0].split(", ")
@@ -86,6 +94,15 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         assert any("every level within its target" in x for x in notes), notes
     # the printed table has each level's rounds and half-width
     assert "rounds  +-" in proc.stdout
+
+    # the run's budget: every level job asked the run's clock and wrote its line; the run says how it spent it
+    ledgers = list((tmp_path / "results" / EXP / "budget").glob("run-*.jsonl"))
+    assert len(ledgers) == 1, ledgers
+    done = [json.loads(x) for x in ledgers[0].read_text().splitlines()]
+    assert {d["level"] for d in done} >= {"sim/c1", "sim/c4"} and all(d["seconds"] > 0 for d in done), done
+    logs = tmp_path / "results" / EXP / "logs" / "cells"
+    assert "run budget: " in (logs / "sim.paired.c1.log").read_text()
+    assert f"run budget {RUN_S} s: the run took " in proc.stdout, proc.stdout[-2000:]
 
     runs = mlflow_runs(tmp_path)
     crossover_run = runs[runs["tags.specsweep.kind"] == "crossover"].iloc[0]

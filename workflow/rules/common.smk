@@ -1,6 +1,7 @@
 # Config helpers and input functions shared by the rules.
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -376,3 +377,42 @@ def fingerprint_args(wildcards):
     for key, value in v.get("env_vars", {}).items():
         args += ["--env", f"{key}={value}"]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def levels_to_measure():
+    """Level jobs this run is to measure, as far as known when it starts: every interleaved unit's grid levels not
+    yet measured, the levels its refinement rounds may add (one a round), and its policy arms' levels (each at
+    every level, where its family gets a schedule). An estimate where levels are not known yet: a run that
+    measures fewer leaves their seconds to the last."""
+    added = ADAPTIVE["max_rounds"] if ADAPTIVE["enabled"] else 0
+    n = 0
+    for unit in PAIRED_VARIANTS:
+        grid = [c for c in LEVELS if not cell_path(unit, BASELINE_ARM, c, "summary.json").exists()]
+        policy = [c for a in POLICY_ARMS for c in LEVELS if not cell_path(unit, a, c, "summary.json").exists()]
+        n += len(grid) + len(policy) + (added * (1 + len(POLICY_ARMS)) if grid else 0)
+    return n
+
+
+def start_run_budget():
+    """The run's clock (budget.run_s), for the level jobs through the environment (specsweep.measure.budget)."""
+    import time
+
+    from specsweep.measure.budget import BUDGET_ENV, RunBudget
+
+    run_s = config["budget"]["run_s"]
+    if run_s is None:
+        os.environ.pop(BUDGET_ENV, None)
+        return
+    started = time.time()
+    ledger = RES / "budget" / f"run-{int(started)}.jsonl"
+    budget = RunBudget(float(run_s), started, levels_to_measure(), str(ledger.resolve()))
+    os.environ[BUDGET_ENV] = budget.to_env()
+
+
+def print_run_budget():
+    """How the run spent its budget (after the final table)."""
+    from specsweep.measure.budget import RunBudget, spent_text
+
+    budget = RunBudget.from_env()
+    if budget is not None:
+        print(spent_text(budget), flush=True)

@@ -68,6 +68,25 @@ def defaults(*section: str) -> dict[str, Any]:
     return {k: copy.deepcopy(v["default"]) for k, v in node["properties"].items() if "default" in v}
 
 
+def _check_budget(config: dict[str, Any]) -> None:
+    """A run budget smaller than the servers' own starts (each variant's expected_start_s, for every server its
+    levels hold up at once: the fixed arms' and a policy arm's, on every instance) cannot measure a round."""
+    run_s = config["budget"]["run_s"]
+    if run_s is None:
+        return
+    starts = 0.0
+    for variant in config["variants"].values():
+        if variant.get("expected_start_s"):
+            servers = len(config["arms"]) * max(1, int(config["pairing"]["instances"]))
+            starts += float(variant["expected_start_s"]) * servers
+    if starts and run_s <= starts:
+        raise ConfigError(
+            f"config error at 'budget/run_s': {run_s:g} s is no more than the servers' starts alone ({starts:g} s: "
+            "each variant's expected_start_s for every arm's server); set it above that (a round of every level "
+            "besides: `specsweep plan` prints what one takes), or null (no run budget)"
+        )
+
+
 def _looks_numeric(text: str) -> bool:
     try:
         float(text)
@@ -195,6 +214,7 @@ def _check_semantics(config: dict[str, Any]) -> None:
         )
     _check_dataset(config["workload"])
     _check_classes(config["workload"])
+    _check_budget(config)
     for name, variant in config["variants"].items():
         if UNIT_SEP in name:
             raise ConfigError(

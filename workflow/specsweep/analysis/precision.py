@@ -56,6 +56,7 @@ class PrecisionSettings:
     max_block_growth: int  # the largest block, in multiples of the configured requests per block
     confidence: float = 0.95
     decide_margin: float | None = None  # stop once every arm's verdict is outside 1 +- this (None: width only)
+    level_s_from: str = "max_level_s"  # what set max_level_s: the level's own, or the run's budget (its share)
 
     @classmethod
     def from_config(cls, precision: dict[str, Any], instances: int = 1) -> PrecisionSettings:
@@ -375,7 +376,7 @@ def next_step(
         next_s = cost.overhead_s + per_request_s * cost.requests[-1] * nxt / growth
         ahead = min(CYCLE_ROUNDS, settings.max_rounds - n)  # the next look is after a whole cycle
         if sum(cost.seconds) + ahead * next_s > settings.max_level_s:
-            return Next(True, f"{BUDGET_SPENT} max_level_s {settings.max_level_s:g}", growth)
+            return Next(True, f"{BUDGET_SPENT} {settings.level_s_from} {settings.max_level_s:.0f} s", growth)
     return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
+from specsweep.measure import budget as run_budget
 from specsweep.measure.cell import CellError
 from specsweep.measure.interleave import needs_rule, out_dirs, run_level
 from specsweep.redact import MissingAPIKey
@@ -32,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     text = args.specs if args.specs.lstrip().startswith("{") else Path(args.specs).read_text()
     specs = json.loads(text)
     first = next(iter(specs.values()), {})
+    started = time.monotonic()
+    budget = run_budget.RunBudget.from_env()
+    allowed = run_budget.allowance(budget) if budget is not None else None
+    if allowed is not None:
+        print(allowed.text(), file=sys.stderr)
     rule = None
     if needs_rule(first):
         # imported here: the rule's bootstrap and t quantiles import scipy (~1 s a job on 2 cores), which a level
@@ -39,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
         from specsweep.analysis.precision import LevelRule, PrecisionSettings
 
         instances = int(first.get("pairing", {}).get("instances") or 1)
-        rule = LevelRule(PrecisionSettings.from_config(first["precision"], instances))
+        settings = PrecisionSettings.from_config(first["precision"], instances)
+        if allowed is not None and (settings.max_level_s is None or allowed.seconds < settings.max_level_s):
+            # the run's budget binds before the level's own: its share is the level's seconds
+            settings = dataclasses.replace(settings, max_level_s=max(0.0, allowed.seconds), level_s_from="run budget")
+        rule = LevelRule(settings)
     try:
         out = run_level(
             specs,
@@ -49,9 +61,13 @@ def run(args: argparse.Namespace) -> int:
             args.server_log_dir,
             args.startup_timeout_s,
             rule,
+            (lambda: run_budget.allowance(budget).left_s > 0) if budget is not None else None,
         )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"interleaved level failed: {e}", file=sys.stderr)
         return 1
+    if budget is not None:
+        rounds = ((next(iter(out.values())).get("pairing") or {}).get("precision") or {}).get("rounds")
+        run_budget.record_level(budget, f"{args.out_root.name}/{args.level}", time.monotonic() - started, rounds)
     print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
     return 0

@@ -103,6 +103,7 @@ def measure_until_valid(
     attempts: int,
     keep: Callable[[int, T], str | None] | None = None,
     before_retry: Callable[[int], dict[str, Any]] | None = None,
+    may_retry: Callable[[], bool] | None = None,
 ) -> Attempts[T]:
     """Measure (`measure_once(n)`, n = 1, 2, ...) until `judge` (a validity: {valid, reasons}) says valid, a
     reason is not transient, or `attempts` are made. `keep(n, result)` stores a superseded attempt before the
@@ -111,7 +112,8 @@ def measure_until_valid(
     `wait_for_quiet`: a busy spell lasts longer than a cell, so measuring again at once would meet it again) and
     what it returns is logged with that attempt. A level that drifted in two attempts in a row, and had nothing
     else wrong with the last, ends there (`drift_persists`). The last attempt counts (the caller writes it as the
-    cell): the valid one, or the one after which measuring again could not help."""
+    cell): the valid one, or the one after which measuring again could not help. `may_retry()`: whether the run's
+    budget leaves room for another attempt (None: always); where it does not, the attempt counts and says so."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts} (config: cell_attempts)")
     log: list[dict[str, Any]] = []
@@ -126,6 +128,10 @@ def measure_until_valid(
         log.append(entry)
         if v["valid"] or not transient_only(entry["reasons"]) or drift_persists(log) or n == attempts:
             entry["counts"] = True
+            return Attempts(result, n, log)
+        if may_retry is not None and not may_retry():
+            entry["counts"] = True
+            entry["not_again"] = "the run's budget is spent (budget.run_s)"
             return Attempts(result, n, log)
         entry["counts"] = False
         if keep is not None:  # superseded: stored before the next attempt starts

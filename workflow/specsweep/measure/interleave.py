@@ -442,6 +442,7 @@ def run_level(
     server_log_dir: Path,
     startup_timeout_s: float | None = None,
     rule: RoundRule | None = None,
+    may_retry: Callable[[], bool] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
     arm's cell into `out_dirs[arm]`; returns arm -> summary.
@@ -453,7 +454,8 @@ def run_level(
     The level heals as a cell does (`specsweep.measure.heal`): an attempt in which a cell is invalid for transient
     causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
     whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
-    attempt counts and why the others did not."""
+    attempt counts and why the others did not. `may_retry` (the run's budget, `measure/budget.py`): whether
+    another attempt may start; where it says no, the last attempt counts, saying why."""
     concurrency, repeats, instances = check_specs(specs)
     rounds = level_rounds(next(iter(specs.values())), repeats, rule)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
@@ -482,7 +484,7 @@ def run_level(
     def quiet(n: int) -> dict[str, Any]:
         return heal.wait_for_quiet(cells[next(iter(cells))].plan.watched, judging["max_foreign_cpu_share"])
 
-    done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet)
+    done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet, may_retry)
     records, summaries = done.result
     for arm in cells:
         if len(done.log) > 1:

@@ -1,0 +1,78 @@
+"""The run's budget (measure/budget.py): each level's share of what is left, the ledger, and attempts it stops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specsweep import config as ssconfig
+from specsweep.measure import heal
+from specsweep.measure.budget import BUDGET_ENV, RunBudget, allowance, done_levels, record_level, spent_text
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def budget(tmp_path: Path, run_s: float = 1000.0, levels: int = 10, started: float = 0.0) -> RunBudget:
+    return RunBudget(run_s, started, levels, str(tmp_path / "budget" / "run-0.jsonl"))
+
+
+def test_a_level_gets_an_even_share_of_what_is_left_after_the_levels_done(tmp_path: Path) -> None:
+    b = budget(tmp_path)
+    # 15% kept for the jobs after measuring: 850 s to measure, 100 s passed, 10 levels to go
+    a = allowance(b, now=100.0)
+    assert (a.left_s, a.remaining, a.seconds) == (750.0, 10, 75.0)
+    record_level(b, "sim/c1", 40.0, 4)
+    record_level(b, "sim/c2", 30.0, 4)
+    assert [d["level"] for d in done_levels(b)] == ["sim/c1", "sim/c2"]
+    a = allowance(b, now=170.0)
+    assert (a.left_s, a.remaining) == (680.0, 8) and a.seconds == pytest.approx(85.0)  # early stops leave seconds
+    # more levels done than planned (added levels beyond the estimate): the last takes what is left
+    for i in range(9):
+        record_level(b, f"sim/c{10 + i}", 1.0, 4)
+    assert allowance(b, now=800.0).remaining == 1 and allowance(b, now=800.0).seconds == pytest.approx(50.0)
+    assert allowance(b, now=900.0).seconds < 0  # spent: the level measures its min_rounds only
+
+
+def test_the_run_says_how_it_spent_its_budget(tmp_path: Path) -> None:
+    b = budget(tmp_path, run_s=200.0)
+    record_level(b, "sim/c1", 120.0, 4)
+    assert "the run took 180 s, within it; 1 levels measured in 120 s" in spent_text(b, now=180.0)
+    assert "over it by 20 s (10%)" in spent_text(b, now=220.0)
+
+
+def test_the_budget_travels_through_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = budget(tmp_path)
+    monkeypatch.setenv(BUDGET_ENV, b.to_env())
+    assert RunBudget.from_env() == b
+    monkeypatch.delenv(BUDGET_ENV)
+    assert RunBudget.from_env() is None  # a job run by hand: no run budget
+
+
+def test_no_attempt_starts_once_the_run_budget_is_spent() -> None:
+    transient = {"valid": False, "reasons": ["machine busy: other work took 40% of the measured CPUs"]}
+    made: list[int] = []
+
+    def once(n: int) -> int:
+        made.append(n)
+        return n
+
+    done = heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: False)
+    assert made == [1] and done.counted == 1
+    assert done.log[-1]["counts"] and "run's budget is spent" in done.log[-1]["not_again"]
+    made.clear()
+    heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: True)
+    assert made == [1, 2, 3]
+
+
+def test_a_budget_below_the_servers_starts_is_refused_naming_the_key_and_the_least() -> None:
+    cfg = ssconfig.load(ROOT / "config" / "examples" / "kimi-k25-8gpu.yaml")
+    raw = json.loads(json.dumps(cfg))
+    raw["budget"] = {"run_s": 600}
+    with pytest.raises(ssconfig.ConfigError, match=r"budget/run_s.*servers' starts alone"):
+        ssconfig.validate(raw)
+    raw["budget"] = {"run_s": 8 * 3600}
+    assert ssconfig.validate(raw)["budget"]["run_s"] == 8 * 3600

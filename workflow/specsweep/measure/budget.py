@@ -1,0 +1,100 @@
+"""The run's budget (`budget.run_s`): how many seconds of it a level may still spend.
+
+Why: each level's own budget (`precision.max_level_s`, `max_rounds`) bounds that level, and nothing bounds the
+run; on a host that will not sit still every level spent its own and the vLLM example ran past 40 minutes. With a
+budget for the run, the workflow starts a clock when it starts executing jobs (`Snakefile` `onstart`: the time
+left and the levels still to measure, through the environment, not a rule param, so that a budget change
+re-measures nothing) and each measuring job asks, before its level and before each attempt at it, what is left:
+the run's seconds less the share kept for what follows the measuring (analysis, MLflow), less what has passed,
+spread evenly over the levels not yet measured, this one included. A level that stops early (its target met, its
+verdict known) leaves its seconds to the levels after it: the added levels inside the crossover interval and the
+policy levels, which come last. A level still measures its `min_rounds` (fewer rounds give no interval), so a
+budget below that overruns, and the run's final lines say by how much.
+
+The ledger (`<results>/<experiment>/budget/<run>.jsonl`, one line per level done) counts the levels this run has
+measured, so a level knows how many remain after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BUDGET_ENV = "SPECSWEEP_RUN_BUDGET"
+AFTER_MEASURING_SHARE = 0.15  # of the run's budget, kept for the jobs after the last level (analysis, MLflow, plots)
+
+
+@dataclass(frozen=True)
+class RunBudget:
+    """The run's clock as the workflow started it."""
+
+    run_s: float  # the whole run's seconds (budget.run_s)
+    started_unix: float  # when the workflow started executing jobs
+    levels: int  # level jobs still to measure when it started (an estimate where added levels are not yet known)
+    ledger: str  # the run's ledger: one JSON line per level measured
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> RunBudget | None:
+        """The run's budget where the workflow set one (None: no budget, or a job run by hand)."""
+        raw = os.environ.get(BUDGET_ENV)
+        return cls(**json.loads(raw)) if raw else None
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What one level may spend now, and what it rests on (logged in the level's decisions)."""
+
+    seconds: float  # for this level's measuring; <= 0: the run's budget is spent
+    left_s: float  # the run's measuring seconds left
+    remaining: int  # levels still to measure, this one included
+
+    def text(self) -> str:
+        share = max(0.0, self.seconds)
+        return f"run budget: {share:.0f} s for this level ({self.left_s:.0f} s left over {self.remaining} levels)"
+
+
+def done_levels(budget: RunBudget) -> list[dict]:
+    path = Path(budget.ledger)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def allowance(budget: RunBudget, now: float | None = None) -> Allowance:
+    """This level's share of what is left of the run's measuring seconds."""
+    now = time.time() if now is None else now
+    left = budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
+    remaining = max(1, budget.levels - len(done_levels(budget)))
+    return Allowance(left / remaining, left, remaining)
+
+
+def record_level(budget: RunBudget, level: str, seconds: float, rounds: int | None) -> None:
+    """One line in the run's ledger: appended in one write (levels measured in parallel append whole lines)."""
+    path = Path(budget.ledger)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"level": level, "seconds": round(seconds, 3), "rounds": rounds, "end_unix": time.time()})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def spent_text(budget: RunBudget, now: float | None = None) -> str:
+    """How the run spent its budget: the run's seconds against it, the levels measured and their seconds."""
+    now = time.time() if now is None else now
+    done = done_levels(budget)
+    took = now - budget.started_unix
+    measured = sum(float(d["seconds"]) for d in done)
+    over = took - budget.run_s
+    verdict = f"over it by {over:.0f} s ({100 * over / budget.run_s:.0f}%)" if over > 0 else "within it"
+    return (
+        f"run budget {budget.run_s:.0f} s: the run took {took:.0f} s, {verdict}; {len(done)} levels measured in "
+        f"{measured:.0f} s (their blocks, servers and process), the rest analysis, tracking and Snakemake"
+    )

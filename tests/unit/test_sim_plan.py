@@ -134,7 +134,7 @@ def test_the_derived_policy_holds_and_a_wrong_one_fails_in_virtual_time(config_f
     assert one_k["served_by"] == "eagle3" and one_k["holds"] is None and "static" in one_k["verdict"]
 
 
-def measured_crossover(levels: dict[float, float]) -> dict:
+def measured_crossover(levels: dict[float, float], speedups: dict[float, float] | None = None) -> dict:
     """A sequential run's crossover.json as the analysis writes it, cut to what plan reads: per level the paired
     interval's basis (two instance pairs, one degree of freedom, the given standard error of the log ratio)."""
     row = {
@@ -149,6 +149,7 @@ def measured_crossover(levels: dict[float, float]) -> dict:
             **row,
             "concurrency": c,
             "paired": {"blocks": 2, "unit": "instance", "df": 1, "spread_dominates": True, "log_se": se},
+            **({"speedup": speedups[c]} if speedups else {}),
         }
         for c, se in levels.items()
     ]
@@ -238,3 +239,47 @@ def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
     assert "the GPU time to reach it is not planned here" in capsys.readouterr().out
     assert main([*base, "--noise-from", str(tmp_path / "missing.json")]) == 2
     assert "--noise-from" in capsys.readouterr().err
+
+
+def test_a_gpu_budget_says_what_it_buys_and_what_a_decided_answer_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--budget-min` on a sequential variant: the instance pairs the budget buys past the fixed grid, and at a
+    measured run's spread which levels' verdicts they decide (the interval outside 1 +- 2%). C=1 at 1.30 (se 0.01)
+    needs 2 pairs, C=16 at 0.80 (se 0.03: t(2) 4.30 x sqrt(0.0018 / 3) = 0.105 <= log(0.98 / 0.80) = 0.203) 3;
+    C=64 at 0.99 lies within the margin: only the precision target decides it, so no budget decides every level.
+    A budget short of the grid says by how much."""
+    cfg = {
+        **CONFIG,
+        "concurrency": [1, 16, 64],
+        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
+        "adaptive": {"enabled": False},
+        "policy": {"measure": False},
+        "pairing": {"mode": "sequential", "instances": 2},
+        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
+    }
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    measured = tmp_path / "crossover.json"
+    measured.write_text(
+        json.dumps(measured_crossover({1.0: 0.01, 16.0: 0.03, 64.0: 0.03}, {1.0: 1.30, 16.0: 0.80, 64.0: 0.99}))
+    )
+    base = ["plan", "--config", str(path), "--profile", "kimi-k25-cu130-fusion", "--plausible", "0"]
+    assert main([*base, "--noise-from", str(measured), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    grid_s, pair_s = plain["runs"][0][0]["total_s"], plain["precision"]["pair_s"][0]
+    budget_min = (grid_s + 1.5 * pair_s) / 60  # the grid's two pairs and one more
+    assert main([*base, "--noise-from", str(measured), "--budget-min", str(budget_min), "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["budget"]
+    assert b["pairs"] == [3]
+    by_level = {x["concurrency"]: x for x in b["levels"]}
+    assert (by_level[1.0]["pairs_to_decide"], by_level[16.0]["pairs_to_decide"]) == (2, 3)
+    assert by_level[1.0]["decided"] and by_level[16.0]["decided"] and not by_level[64.0]["decided"]
+    assert by_level[64.0]["pairs_to_decide"] is None and b["pairs_for_every_verdict"] is None
+    assert main([*base, "--noise-from", str(measured), "--budget-min", str(budget_min)]) == 0
+    text = capsys.readouterr().out
+    assert "buys 3 instance pairs per level (1 past the grid's)" in text
+    assert "verdicts decided at 2 of 3 levels; not decided: eagle3 C=64" in text
+    assert "a decided answer at every level: not within reach" in text
+    assert main([*base, "--budget-min", str(grid_s / 120)]) == 0  # half the grid
+    assert "it falls short of the fixed grid by" in capsys.readouterr().out

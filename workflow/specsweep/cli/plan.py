@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the 95%% half-width to reach, relative: the effect to resolve (0.038: the 3.8%% of fusion at C=1); "
         "default precision.target",
     )
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        help="GPU minutes for this variant: the instance pairs they buy and, with --noise-from, which levels' "
+        "verdicts they decide, and the GPU time a decided answer at every level needs",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             args.plausible,
             args.noise_from,
             args.effect,
+            args.budget_min * 60 if args.budget_min is not None else None,
         )
     except (ConfigError, PlanError) as e:
         print(e, file=sys.stderr)

@@ -362,6 +362,16 @@ class LevelNeed:
     need: int | None  # None: more than MOST_UNITS
     need_lo: int | None
     need_hi: int | None
+    speedup: float | None = None  # what the level measured
+    unit_var: float | None = None  # one unit's log-ratio variance, as measured
+    decide: int | None = None  # units its verdict needs (interval outside 1 +- margin); None: within the margin
+
+    def half_width_at(self, units: int, confidence: float = 0.95) -> float | None:
+        """The half-width `units` would give at the measured variance."""
+        if self.unit_var is None or units < 2:
+            return None
+        t = float(sps.t.ppf(0.5 + confidence / 2, units - 1))
+        return math.expm1(t * math.sqrt(self.unit_var / units))
 
     def shown(self) -> str:
         def n(x: int | None) -> str:
@@ -370,7 +380,19 @@ class LevelNeed:
         return f"{self.concurrency:g}: {n(self.need)} [{n(self.need_lo)}, {n(self.need_hi)}]"
 
 
-def level_needs(measured: Crossover, target: float, confidence: float = 0.95) -> list[LevelNeed]:
+def decide_target(speedup: float | None, margin: float) -> float | None:
+    """The half-width at which a level measuring `speedup` has its verdict (its interval outside 1 +- margin);
+    None where the speedup lies within the margin (only the target decides it there)."""
+    if speedup is None or not speedup > 0:
+        return None
+    if speedup > 1 + margin:
+        return speedup / (1 + margin) - 1
+    if speedup < 1 - margin:
+        return (1 - margin) / speedup - 1
+    return None
+
+
+def level_needs(measured: Crossover, target: float, confidence: float = 0.95, margin: float = 0.02) -> list[LevelNeed]:
     """Per speculative arm and level of a measured run: the units its own paired interval implies for `target`.
     One unit's variance is the interval's squared standard error times its units; with few degrees of freedom
     that variance is itself uncertain (a chi-square on df), so the need is given with the range its 95% interval
@@ -387,7 +409,11 @@ def level_needs(measured: Crossover, target: float, confidence: float = 0.95) ->
             var = p.log_se**2 * units
             lo, hi = (p.df * var / float(sps.chi2.ppf(q, p.df)) for q in (0.5 + confidence / 2, 0.5 - confidence / 2))
             need, need_lo, need_hi = (units_for(v, target, confidence, MOST_UNITS) for v in (var, lo, hi))
-            out.append(LevelNeed(arm, row.concurrency, unit, units, p.df, need, need_lo, need_hi))
+            goal = decide_target(row.speedup, margin)
+            decide = units_for(var, goal, confidence, MOST_UNITS) if goal else None
+            out.append(
+                LevelNeed(arm, row.concurrency, unit, units, p.df, need, need_lo, need_hi, row.speedup, var, decide)
+            )
     return out
 
 
@@ -412,6 +438,7 @@ class ConfigPlan:
     noise_from: str | None = None  # a measured run's crossover.json (--noise-from)
     measured_variant: str | None = None  # the variant that run measured
     needs: list[LevelNeed] = field(default_factory=list)  # what its levels imply for the target
+    budget_s: float | None = None  # --budget-min: the GPU time to spend on this variant
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -429,7 +456,110 @@ class ConfigPlan:
                 "levels": [n.__dict__ for n in self.needs],
                 "pair_s": self._pair_seconds(),
             },
+            "budget": self._budget() if self.budget_s is not None else None,
         }
+
+    def _budget(self) -> dict[str, Any]:
+        """What `budget_s` buys a sequential variant: instance pairs past the fixed grid, on this profile and on
+        each plausible one, and per level (at a measured run's spread) the half-width they give and whether its
+        verdict is decided; and the pairs (and GPU time) a decided answer at every level needs."""
+        assert self.budget_s is not None
+        grid = self.runs[0][0]
+        sweeps = [grid, *self.plausible]
+        per_pair = [p.pair_s() for p in sweeps]
+        pairs = [
+            p.instances + max(-p.instances, math.floor((self.budget_s - p.total_s) / s)) if s > 0 else p.instances
+            for p, s in zip(sweeps, per_pair, strict=True)
+        ]
+        levels = []
+        for n in self.needs:
+            k = pairs[0]
+            hw = n.half_width_at(k)
+            levels.append(
+                {
+                    "arm": n.arm,
+                    "concurrency": n.concurrency,
+                    "speedup": n.speedup,
+                    "half_width": hw,
+                    "decided": n.decide is not None and k >= n.decide,
+                    "pairs_to_decide": n.decide,
+                }
+            )
+        decide_all = [n.decide for n in self.needs]
+        need = None if not decide_all or any(d is None for d in decide_all) else max(decide_all)
+        return {
+            "budget_s": self.budget_s,
+            "fixed_grid_s": [p.total_s for p in sweeps],
+            "pair_s": per_pair,
+            "pairs": pairs,
+            "levels": levels,
+            "pairs_for_every_verdict": need,
+            "s_for_every_verdict": [p.total_s + (need - p.instances) * s for p, s in zip(sweeps, per_pair, strict=True)]
+            if need is not None
+            else None,
+        }
+
+    def _budget_lines(self) -> list[str]:
+        """The budget's account in words (`_budget`)."""
+        if self.budget_s is None:
+            return []
+        grid = self.runs[0][0]
+        head = f"budget {self.budget_s / 60:.0f} min of GPU time for variant {self.variant}:"
+        if grid.instances < 2 or grid.pair_s() <= 0:
+            return [
+                f"{head} an interleaved variant: the run budget (budget.run_s) spreads it over the levels as they "
+                f"measure; the fixed grid takes {grid.total_s / 60:.1f} min here at min_rounds"
+            ]
+        b = self._budget()
+
+        def span(values: list[float]) -> str:
+            lo, hi = min(values), max(values)
+            return f"{lo / 60:.1f} min" if len(values) == 1 or hi - lo < 30 else f"{lo / 60:.1f}-{hi / 60:.1f} min"
+
+        pairs = b["pairs"]
+        fits = pairs[0] >= grid.instances
+        lines = [
+            f"{head} the fixed grid takes {span(b['fixed_grid_s'])} on {grid.instances} instance pairs "
+            f"({b['pair_s'][0] / 60:.1f} min a pair)"
+            + ("" if len(pairs) == 1 else f"; over the plausible profiles {min(pairs)}-{max(pairs)} pairs fit")
+        ]
+        if not fits:
+            lines.append(
+                f"  it falls short of the fixed grid by {(grid.total_s - self.budget_s) / 60:.1f} min "
+                f"({max(0, pairs[0])} instance pair(s) fit, and one has no spread across instances): fewer levels "
+                "(concurrency) or a larger budget"
+            )
+            return lines
+        lines.append(f"  buys {pairs[0]} instance pairs per level ({pairs[0] - grid.instances} past the grid's)")
+        if not b["levels"]:
+            lines.append(
+                "  what they decide rests on the box's spread: pass a measured run's crossover.json (--noise-from)"
+            )
+            return lines
+        decided = [x for x in b["levels"] if x["decided"]]
+        undecided = [x for x in b["levels"] if not x["decided"]]
+
+        def where(rows: list[dict[str, Any]]) -> str:
+            return ", ".join(f"{r['arm']} C={r['concurrency']:g}" for r in rows) or "none"
+
+        widest = max((x["half_width"] for x in b["levels"] if x["half_width"] is not None), default=None)
+        lines.append(
+            f"  at the spread measured in {self.noise_from}: verdicts decided at {len(decided)} of "
+            f"{len(b['levels'])} levels; not decided: {where(undecided)}"
+            + (f"; the widest interval +-{widest:.1%}" if widest is not None else "")
+        )
+        if b["pairs_for_every_verdict"] is None:
+            lines.append(
+                "  a decided answer at every level: not within reach (a level within the decide margin of 1 is "
+                "decided by the precision target only)"
+            )
+        else:
+            need_s = b["s_for_every_verdict"]
+            lines.append(
+                f"  a decided answer at every level needs {b['pairs_for_every_verdict']} instance pairs: "
+                f"{span(need_s)} of GPU time"
+            )
+        return lines
 
     def _pair_seconds(self) -> list[float]:
         """One more instance pair of a sequential variant: every replicated arm's server start and sweep, on the
@@ -539,7 +669,7 @@ class ConfigPlan:
                         f"{arm} {mode:<8}: interval width {shown} ({len(known)}/{len(widths)} closed); measuring "
                         f"median {np.median(mins):.1f} min"
                     )
-        return "\n".join(lines + self._plausible_lines() + self._precision_lines())
+        return "\n".join(lines + self._plausible_lines() + self._precision_lines() + self._budget_lines())
 
 
 def plan_config(
@@ -551,6 +681,7 @@ def plan_config(
     plausible: int = 0,
     noise_from: str | Path | None = None,
     target: float | None = None,
+    budget_s: float | None = None,
 ) -> ConfigPlan:
     """What `specsweep plan` prints: `variant` (default: the config's first) planned with engine seeds
     0..seeds-1, on `profile` (default: the sim variant's own). PlanError names what to change: an open-loop
@@ -590,7 +721,8 @@ def plan_config(
             measured = read(Crossover, noise_from, "pass the crossover.json of a finished run")[0]
         except (OSError, RecordError) as e:
             raise PlanError(f"--noise-from {noise_from}: {e}") from None
-        needs = level_needs(measured, target)
+        margin = (config.get("precision") or {}).get("decide_margin")
+        needs = level_needs(measured, target, margin=0.02 if margin is None else float(margin))
     return ConfigPlan(
         variant,
         prof,
@@ -605,4 +737,5 @@ def plan_config(
         str(noise_from) if noise_from is not None else None,
         measured.variant if measured is not None else None,
         needs,
+        budget_s,
     )

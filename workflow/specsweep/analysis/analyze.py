@@ -18,6 +18,7 @@ from specsweep.analysis.cells import BLOCK_LIFETIMES, MIN_BLOCKS, N_BLOCKS, Cell
 from specsweep.analysis.contents import level_content
 from specsweep.analysis.crossover import INTERPOLANTS
 from specsweep.analysis.curve import json_float, metric_result
+from specsweep.analysis.hoststate import HostSplit, host_split
 from specsweep.analysis.noise import noise_floor, within_noise_notes
 from specsweep.analysis.notes import arm_notes
 from specsweep.analysis.outputs import output_match
@@ -46,7 +47,7 @@ def _paired_entry(pe: PairedEstimate | None) -> dict[str, Any] | None:
     return out if pe.instance_effect is None else {**out, "instance_effect": pe.instance_effect}
 
 
-def _as_dict(p: LevelPrecision | None) -> dict[str, Any] | None:
+def _as_dict(p: LevelPrecision | HostSplit | None) -> dict[str, Any] | None:
     return p.as_dict() if p is not None else None
 
 
@@ -135,6 +136,7 @@ def analyze_arm(
                 spec_n_repeats=spec_b[i].n_repeats.get(pname, 0),
                 paired=_paired_entry(paired[pname][i]),
                 precision=_as_dict(level_precision(spec_cells[used[i]], paired[THROUGHPUT][i], settings.confidence)),
+                host_split=_as_dict(host_split(paired[THROUGHPUT][i], settings.confidence)),
             )
         else:  # left out: its point values are still shown (flagged), without an interval
             pm = next(m for m in METRICS if m.name == settings.primary_metric)

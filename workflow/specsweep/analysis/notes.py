@@ -8,6 +8,7 @@ from typing import Any
 
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
+from specsweep.analysis.hoststate import host_state_notes
 from specsweep.analysis.outputs import output_verdict
 from specsweep.analysis.paired import pairing_of
 from specsweep.analysis.precision import precision_notes
@@ -226,4 +227,5 @@ def arm_notes(
             )
         )
     out.extend(precision_notes(per_level, sym))
+    out.extend(host_state_notes(per_level, sym))
     return ArmNotes(out, within_only, interval_note, min(shares) if shares else None)

@@ -39,6 +39,20 @@ class LevelPrecision(Record):
     )
 
 
+class HostSplit(Record):
+    """A level's speedup in its rounds where the host ran fast and in those where it ran slow
+    (`analysis/hoststate.py`)."""
+
+    fast: float = Field(description="the speedup over the fast half's rounds")
+    fast_lo: float = Field(description="its 95% interval's lower end")
+    fast_hi: float = Field(description="its upper end")
+    slow: float = Field(description="over the slow half's rounds")
+    slow_lo: float = Field(description="its 95% interval's lower end")
+    slow_hi: float = Field(description="its upper end")
+    rounds: int = Field(description="rounds in each half")
+    apart: bool = Field(description="the halves' intervals do not overlap: the speedup depends on the host's state")
+
+
 class PairedBasis(Record):
     """What a level's paired interval rests on (`analysis/paired.py`): its units, their degrees of freedom and
     the standard error of the mean log ratio; `specsweep plan --noise-from` plans with it."""
@@ -98,6 +112,9 @@ class LevelRow(Record):
     )
     paired: PairedBasis | None = Field(None, description="rounds or instances the paired interval rests on")
     precision: LevelPrecision | None = Field(None, description="interleaved levels: the interval's precision")
+    host_split: HostSplit | None = Field(
+        None, description="its rounds split by the host's speed (6+ rounds on one instance; null: not split)"
+    )
     content: LevelContent | None = Field(None, description="acceptance and answer lengths (null: no cells)")
 
 

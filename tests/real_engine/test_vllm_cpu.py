@@ -151,6 +151,7 @@ def write_config(workdir: Path) -> None:
     # the stopping rule runs on the real engine's records after each round, its budget this tier's rounds (the
     # example's own budget reaches +-5%: docs/analysis.md; here CI's minutes decide)
     config["precision"] = {"target": TARGET, "min_rounds": REPEATS, "max_rounds": REPEATS}
+    config["budget"] = {"run_s": None}  # fixed rounds, and the throttled level's second attempt always runs
     # A schedule that switches K (the example's derived one was K=3 at every level in three runs: that is the
     # ngram-k3 arm's static flag, served by no policy server), so that vLLM's per-batch-size path is served and
     # measured for real: K=3 up to 8 running requests, K=1 above.

@@ -88,7 +88,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             r = await replay(session, spec, prompts[i], args.output_tokens)
             j = len(r.tokens) // 2
             at = len("".join(r.tokens[:j]))
-            (first, lp1), (second, lp2) = r.top[j][:2]
+            (first, lp1, _), (second, lp2, _) = r.top[j][:2]  # (text, log-probability, token id)
             other = r.text[:at] + second + " tail"
             x = await refer(session, spec, prompts[i], alone[i], other, args.output_tokens)
             ok = x.token_char == at and x.other_token == second and abs(x.margin_nats - (lp1 - lp2)) < 1e-6

@@ -63,6 +63,7 @@ def test_no_attempt_starts_once_the_run_budget_is_spent() -> None:
     done = heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: False)
     assert made == [1] and done.counted == 1
     assert done.log[-1]["counts"] and "run's budget is spent" in done.log[-1]["not_again"]
+    assert done.as_dict()["why"].startswith("still invalid, and not measured again: the run's budget is spent")
     made.clear()
     heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: True)
     assert made == [1, 2, 3]

@@ -90,6 +90,8 @@ class Attempts(Generic[T]):
             why = "the first valid attempt" if self.counted > 1 else "valid at the first attempt"
         elif drift_persists(self.log[: self.counted]):
             why = "drift in this attempt and the one before: the host changes speed faster than the blocks alternate"
+        elif last.get("not_again"):
+            why = f"still invalid, and not measured again: {last['not_again']}"
         elif not transient_only(last["reasons"]):
             why = "invalid for a cause measuring again does not clear (not the host's doing)"
         else:

@@ -99,7 +99,7 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
     ledgers = list((tmp_path / "results" / EXP / "budget").glob("run-*.jsonl"))
     assert len(ledgers) == 1, ledgers
     done = [json.loads(x) for x in ledgers[0].read_text().splitlines()]
-    assert {d["level"] for d in done} >= {"sim/c1", "sim/c4"} and all(d["seconds"] > 0 for d in done), done
+    assert {d["level"] for d in done} >= {"sim/fixed/c1", "sim/fixed/c4"} and all(d["seconds"] > 0 for d in done), done
     logs = tmp_path / "results" / EXP / "logs" / "cells"
     assert "run budget: " in (logs / "sim.paired.c1.log").read_text()
     assert f"run budget {RUN_S} s: the run took " in proc.stdout, proc.stdout[-2000:]

@@ -331,6 +331,12 @@ def test_a_drift_the_next_attempt_met_again_is_a_flag_not_a_reason() -> None:
     summary["attempts"]["log"][0]["reasons"] = ["[baseline] repeat 0: machine busy: ..."]
     reason, flag = block_drift_gate(summary, gates)
     assert reason is not None and reason.endswith("re-measure it") and flag is None
+    # the run's budget left no attempt after a drifting one: its rounds stand, the drift a flag, not thrown out
+    budgeted = drift_summary(100.0, 70.0)
+    not_again = "the level's share of the run's budget is spent (budget.run_s)"
+    budgeted["attempts"] = {"counted": 1, "made": 1, "log": [{"reasons": [drifted], "not_again": not_again}]}
+    reason, flag = block_drift_gate(budgeted, gates)
+    assert reason is None and flag is not None and "not measured again" in flag
 
 
 BASE_CONFIG: dict[str, Any] = {

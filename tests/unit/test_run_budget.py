@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from specsweep import config as ssconfig
+from specsweep.analysis.precision import LevelRule, PrecisionSettings
 from specsweep.measure import heal
 from specsweep.measure.budget import BUDGET_ENV, RunBudget, allowance, done_levels, record_level, spent_text
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def budget(tmp_path: Path, run_s: float = 1000.0, levels: int = 10, started: float = 0.0) -> RunBudget:
+def budget(tmp_path: Path, run_s: float = 1000.0, levels: float = 10, started: float = 0.0) -> RunBudget:
     return RunBudget(run_s, started, levels, str(tmp_path / "budget" / "run-0.jsonl"))
 
 
@@ -30,11 +31,32 @@ def test_a_level_gets_an_even_share_of_what_is_left_after_the_levels_done(tmp_pa
     assert [d["level"] for d in done_levels(b)] == ["sim/c1", "sim/c2"]
     a = allowance(b, now=170.0)
     assert (a.left_s, a.remaining) == (680.0, 8) and a.seconds == pytest.approx(85.0)  # early stops leave seconds
+    # a policy level takes half a share: 680 s over 8 shares, its half 42.5 s
+    assert allowance(b, 0.5, now=170.0).seconds == pytest.approx(42.5)
+    record_level(b, "sim/eagle3-policy/c1", 20.0, 3, share=0.5)
+    assert allowance(b, now=170.0).remaining == 7.5
     # more levels done than planned (added levels beyond the estimate): the last takes what is left
     for i in range(9):
         record_level(b, f"sim/c{10 + i}", 1.0, 4)
     assert allowance(b, now=800.0).remaining == 1 and allowance(b, now=800.0).seconds == pytest.approx(50.0)
     assert allowance(b, now=900.0).seconds < 0  # spent: the level measures its min_rounds only
+
+
+def test_the_rule_sees_the_seconds_left_of_its_jobs_share() -> None:
+    """The share is a deadline for the level's job (its servers' start counts too): at each look, what its rounds
+    spent plus what is left until then is the level's max_level_s, where that is less than its own."""
+    now = [1000.0]
+    settings = PrecisionSettings.from_config(
+        {"target": 0.05, "min_rounds": 3, "max_rounds": 40, "max_level_s": 420, "max_block_growth": 8}
+    )
+    rule = LevelRule(settings, deadline_unix=1100.0, clock=lambda: now[0])
+    st = rule.settings_now(spent_s=40.0)
+    assert (st.max_level_s, st.level_s_from) == (140.0, "run budget")
+    now[0] = 1200.0  # past it: the rounds already spent are all the level gets
+    assert rule.settings_now(spent_s=60.0).max_level_s == 60.0
+    loose = LevelRule(settings, deadline_unix=5000.0, clock=lambda: now[0])
+    assert loose.settings_now(spent_s=40.0) is settings  # the level's own budget binds first
+    assert LevelRule(settings).settings_now(spent_s=40.0) is settings
 
 
 def test_the_run_says_how_it_spent_its_budget(tmp_path: Path) -> None:
@@ -62,8 +84,8 @@ def test_no_attempt_starts_once_the_run_budget_is_spent() -> None:
 
     done = heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: False)
     assert made == [1] and done.counted == 1
-    assert done.log[-1]["counts"] and "run's budget is spent" in done.log[-1]["not_again"]
-    assert done.as_dict()["why"].startswith("still invalid, and not measured again: the run's budget is spent")
+    assert done.log[-1]["counts"] and "share of the run's budget is spent" in done.log[-1]["not_again"]
+    assert done.as_dict()["why"].startswith("still invalid, and not measured again: the level's share")
     made.clear()
     heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: True)
     assert made == [1, 2, 3]

@@ -380,16 +380,19 @@ def fingerprint_args(wildcards):
 
 
 def levels_to_measure():
-    """Level jobs this run is to measure, as far as known when it starts: every interleaved unit's grid levels not
-    yet measured, the levels its refinement rounds may add (one a round), and its policy arms' levels (each at
-    every level, where its family gets a schedule). An estimate where levels are not known yet: a run that
-    measures fewer leaves their seconds to the last."""
+    """Level shares this run is to measure, as far as known when it starts (specsweep.measure.budget): every
+    interleaved unit's grid levels not yet measured, the levels its refinement rounds may add (one a round), and
+    its policy arms' levels (at every level, where its family gets a schedule), each of these half a share. An
+    estimate where levels are not known yet: a run that measures fewer leaves their seconds to the last."""
+    from specsweep.measure.budget import POLICY_LEVEL_SHARE
+
     added = ADAPTIVE["max_rounds"] if ADAPTIVE["enabled"] else 0
-    n = 0
+    n = 0.0
     for unit in PAIRED_VARIANTS:
         grid = [c for c in LEVELS if not cell_path(unit, BASELINE_ARM, c, "summary.json").exists()]
         policy = [c for a in POLICY_ARMS for c in LEVELS if not cell_path(unit, a, c, "summary.json").exists()]
-        n += len(grid) + len(policy) + (added * (1 + len(POLICY_ARMS)) if grid else 0)
+        more = added * (1 + POLICY_LEVEL_SHARE * len(POLICY_ARMS)) if grid else 0
+        n += len(grid) + POLICY_LEVEL_SHARE * len(policy) + more
     return n
 
 

@@ -23,7 +23,10 @@ that still fit give the narrowest expected interval (`budgeted_growth`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +46,12 @@ from specsweep.records import SegmentDecision
 
 if TYPE_CHECKING:  # the measuring path (client, servers): not imported by the analysis jobs
     from specsweep.measure.interleave import LevelProgress
+
+
+# The verdict stop's Bonferroni counts at most this many looks: over the 19 of max_rounds 40 its 99.7% intervals
+# stopped a tenth of the drifting levels a verdict could stop, over 4 (98.75%) 44%, with the same coverage of the
+# 95% intervals (94.7% of 11,000 synthetic levels either way; benchmarks/precision_coverage.py --max-rounds 40)
+VERDICT_LOOKS = 4
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,9 @@ class PrecisionSettings:
 
     @property
     def looks(self) -> int:
-        """The looks the rule may take at a level (after complete cycles, from min_rounds to max_rounds)."""
-        return looks(self.min_rounds, self.max_rounds)
+        """The looks the verdict stop spreads its error rate over: those the rule may take at a level (after
+        complete cycles, from min_rounds to max_rounds), at most VERDICT_LOOKS."""
+        return min(VERDICT_LOOKS, looks(self.min_rounds, self.max_rounds))
 
 
 @dataclass(frozen=True)
@@ -451,16 +461,35 @@ class LevelRule:
     level's throughput (the reference arm against each other arm, the widest deciding) from the records so far,
     by the same bootstrap and paired t as the analysis (`paired_estimates`)."""
 
-    def __init__(self, settings: PrecisionSettings, metric: str = THROUGHPUT) -> None:
+    def __init__(
+        self,
+        settings: PrecisionSettings,
+        metric: str = THROUGHPUT,
+        deadline_unix: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self.metric = next(m for m in METRICS if m.name == metric)
+        self.deadline_unix = deadline_unix  # the run budget's share of this level job ends here (servers included)
+        self.clock = clock
+
+    def settings_now(self, spent_s: float) -> PrecisionSettings:
+        """The settings at this look: under a run budget, the level's seconds are what its rounds have spent and
+        what is left of its job's share, where that is less than its own max_level_s."""
+        st = self.settings
+        if self.deadline_unix is None:
+            return st
+        share = spent_s + max(0.0, self.deadline_unix - self.clock())
+        if st.max_level_s is not None and st.max_level_s <= share:
+            return st
+        return dataclasses.replace(st, max_level_s=share, level_s_from="run budget")
 
     def __call__(self, progress: LevelProgress) -> Next:
         cells = {arm: (progress.frames[arm], s) for arm, s in progress.summaries.items()}
         estimates = paired_estimates(cells, progress.concurrency, progress.reference_arm, self.metric.name)
         widest = widest_estimate(estimates, self.settings.confidence)
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
-        st = self.settings
+        st = self.settings_now(sum(progress.round_s))
         decided = verdict_decided(estimates, st.decide_margin, st.confidence, st.looks)
         return next_step(widest, st, cost, progress.growth, progress.max_growth, decided)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -37,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
     first = next(iter(specs.values()), {})
     started = time.monotonic()
     budget = run_budget.RunBudget.from_env()
-    allowed = run_budget.allowance(budget) if budget is not None else None
+    share = run_budget.POLICY_LEVEL_SHARE if args.reference_of else 1.0
+    allowed = run_budget.allowance(budget, share) if budget is not None else None
+    # under a run budget the level job's share ends at a deadline: its servers' start counts against it too
+    deadline = time.time() + allowed.seconds if allowed is not None else None
     if allowed is not None:
         print(allowed.text(), file=sys.stderr)
     rule = None
@@ -47,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
         from specsweep.analysis.precision import LevelRule, PrecisionSettings
 
         instances = int(first.get("pairing", {}).get("instances") or 1)
-        settings = PrecisionSettings.from_config(first["precision"], instances)
-        if allowed is not None and (settings.max_level_s is None or allowed.seconds < settings.max_level_s):
-            # the run's budget binds before the level's own: its share is the level's seconds
-            settings = dataclasses.replace(settings, max_level_s=max(0.0, allowed.seconds), level_s_from="run budget")
-        rule = LevelRule(settings)
+        rule = LevelRule(PrecisionSettings.from_config(first["precision"], instances), deadline_unix=deadline)
     try:
         out = run_level(
             specs,
@@ -61,13 +59,15 @@ def run(args: argparse.Namespace) -> int:
             args.server_log_dir,
             args.startup_timeout_s,
             rule,
-            (lambda: run_budget.allowance(budget).left_s > 0) if budget is not None else None,
+            # another attempt only within the job's share: a level whose share is spent keeps what it measured
+            (lambda: time.time() < deadline) if deadline is not None else None,
         )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"interleaved level failed: {e}", file=sys.stderr)
         return 1
     if budget is not None:
         rounds = ((next(iter(out.values())).get("pairing") or {}).get("precision") or {}).get("rounds")
-        run_budget.record_level(budget, f"{args.out_root.name}/{args.level}", time.monotonic() - started, rounds)
+        level = f"{args.out_root.name}/{args.reference_of or 'fixed'}/{args.level}"
+        run_budget.record_level(budget, level, time.monotonic() - started, rounds, share)
     print(json.dumps({arm: s["cell"]["key"] for arm, s in out.items()}, indent=2))
     return 0

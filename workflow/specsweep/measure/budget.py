@@ -6,10 +6,12 @@ budget for the run, the workflow starts a clock when it starts executing jobs (`
 left and the levels still to measure, through the environment, not a rule param, so that a budget change
 re-measures nothing) and each measuring job asks, before its level and before each attempt at it, what is left:
 the run's seconds less the share kept for what follows the measuring (analysis, MLflow), less what has passed,
-spread evenly over the levels not yet measured, this one included. A level that stops early (its target met, its
-verdict known) leaves its seconds to the levels after it: the added levels inside the crossover interval and the
-policy levels, which come last. A level still measures its `min_rounds` (fewer rounds give no interval), so a
-budget below that overruns, and the run's final lines say by how much.
+spread over the levels not yet measured, this one included: a fixed arms' level one share, a policy level half of
+one (its proof is of a schedule the fixed arms already decided, and where the schedule is one K no policy level
+runs at all). The share ends at a deadline, so the level's server starts count against it. A level that stops
+early (its target met, its verdict known) leaves its seconds to the levels after it: the added levels inside the
+crossover interval and the policy levels, which come last. A level still measures its `min_rounds` (fewer rounds
+give no interval), so a budget below that overruns, and the run's final lines say by how much.
 
 The ledger (`<results>/<experiment>/budget/<run>.jsonl`, one line per level done) counts the levels this run has
 measured, so a level knows how many remain after it.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 BUDGET_ENV = "SPECSWEEP_RUN_BUDGET"
 AFTER_MEASURING_SHARE = 0.15  # of the run's budget, kept for the jobs after the last level (analysis, MLflow, plots)
+POLICY_LEVEL_SHARE = 0.5  # a policy level's share against a fixed arms' level's
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class RunBudget:
 
     run_s: float  # the whole run's seconds (budget.run_s)
     started_unix: float  # when the workflow started executing jobs
-    levels: int  # level jobs still to measure when it started (an estimate where added levels are not yet known)
+    levels: float  # level shares still to measure when it started (an estimate: added and policy levels may not run)
     ledger: str  # the run's ledger: one JSON line per level measured
 
     def to_env(self) -> str:
@@ -50,13 +53,13 @@ class RunBudget:
 class Allowance:
     """What one level may spend now, and what it rests on (logged in the level's decisions)."""
 
-    seconds: float  # for this level's measuring; <= 0: the run's budget is spent
+    seconds: float  # for this level's job, its servers' start included; <= 0: the run's budget is spent
     left_s: float  # the run's measuring seconds left
-    remaining: int  # levels still to measure, this one included
+    remaining: float  # level shares still to measure, this one's included
 
     def text(self) -> str:
-        share = max(0.0, self.seconds)
-        return f"run budget: {share:.0f} s for this level ({self.left_s:.0f} s left over {self.remaining} levels)"
+        share, left = max(0.0, self.seconds), self.left_s
+        return f"run budget: {share:.0f} s for this level ({left:.0f} s left over {self.remaining:g} level shares)"
 
 
 def done_levels(budget: RunBudget) -> list[dict]:
@@ -66,19 +69,21 @@ def done_levels(budget: RunBudget) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def allowance(budget: RunBudget, now: float | None = None) -> Allowance:
-    """This level's share of what is left of the run's measuring seconds."""
+def allowance(budget: RunBudget, share: float = 1.0, now: float | None = None) -> Allowance:
+    """This level's part (`share`: 1, or POLICY_LEVEL_SHARE) of what is left of the run's measuring seconds."""
     now = time.time() if now is None else now
     left = budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
-    remaining = max(1, budget.levels - len(done_levels(budget)))
-    return Allowance(left / remaining, left, remaining)
+    done = sum(float(d.get("share", 1.0)) for d in done_levels(budget))
+    remaining = max(share, budget.levels - done)
+    return Allowance(left * share / remaining, left, remaining)
 
 
-def record_level(budget: RunBudget, level: str, seconds: float, rounds: int | None) -> None:
+def record_level(budget: RunBudget, level: str, seconds: float, rounds: int | None, share: float = 1.0) -> None:
     """One line in the run's ledger: appended in one write (levels measured in parallel append whole lines)."""
     path = Path(budget.ledger)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"level": level, "seconds": round(seconds, 3), "rounds": rounds, "end_unix": time.time()})
+    entry = {"level": level, "share": share, "seconds": round(seconds, 3), "rounds": rounds, "end_unix": time.time()}
+    line = json.dumps(entry)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, (line + "\n").encode())

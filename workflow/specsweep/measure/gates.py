@@ -209,8 +209,9 @@ def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, An
     """(reason, flag) of the drift gate: an arm whose throughput trended by more than max_block_drift over the level's
     interleaved blocks (`block_drift`) saw the host change speed inside the level. A step between two rounds cancels
     in the paired ratio; one inside a round biases that round, so the level is measured again. Where it drifted again
-    in the next attempt (`heal.drift_persists`: the host changes speed faster than the blocks alternate) the level is
-    kept and flagged: the rounds' spread carries the drift into the paired interval, which is then wide."""
+    in the next attempt (`heal.drift_persists`: the host changes speed faster than the blocks alternate), or where the
+    run's budget left it no other attempt (`budget.run_s`), the level is kept and flagged: the rounds' spread carries
+    the drift into the paired interval, which is then wide."""
     if (measured_summary.get("pairing") or {}).get("mode") != "interleaved" or len(measured_summary["repeats"]) < 2:
         return None, None
     drift = block_drift(measured_summary)
@@ -226,12 +227,15 @@ def block_drift_gate(measured_summary: Mapping[str, Any], gates: Mapping[str, An
         f"(> ±{gates['max_block_drift']:.0%}): the host changed speed during the level"
     )
     attempts = measured_summary.get("attempts") or {}
-    if drift_persists(list(attempts.get("log") or [])[: attempts.get("counted", 0)]):
+    log = list(attempts.get("log") or [])[: attempts.get("counted", 0)]
+    if drift_persists(log):
         return None, (
             f"{said}, and in the attempt before: it changes speed faster than the blocks alternate, so the level "
             "is kept with the drift in its paired interval (shorter blocks or fewer arms per level bring the "
             "pairs closer in time)"
         )
+    if log and log[-1].get("not_again"):  # the run's budget left no attempt: its rounds stand, drift and all
+        return None, f"{said}; not measured again ({log[-1]['not_again']}): the drift is in its paired interval"
     return f"{said}; re-measure it", None
 
 

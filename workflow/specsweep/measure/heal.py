@@ -133,7 +133,7 @@ def measure_until_valid(
             return Attempts(result, n, log)
         if may_retry is not None and not may_retry():
             entry["counts"] = True
-            entry["not_again"] = "the run's budget is spent (budget.run_s)"
+            entry["not_again"] = "the level's share of the run's budget is spent (budget.run_s)"
             return Attempts(result, n, log)
         entry["counts"] = False
         if keep is not None:  # superseded: stored before the next attempt starts

@@ -487,7 +487,7 @@ def run_level(
     done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet, may_retry)
     records, summaries = done.result
     for arm in cells:
-        if len(done.log) > 1:
+        if len(done.log) > 1 or done.log[-1].get("not_again"):  # measured again, or kept where it was not
             summaries[arm]["attempts"] = done.as_dict()
         write_cell(out_dirs[arm], records[arm], summaries[arm])
     return summaries

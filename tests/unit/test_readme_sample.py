@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.analysis.table import PRECISION_COLUMN, proof_header, table_header
+from specsweep.analysis.table import CONTENT_COLUMN, PRECISION_COLUMN, proof_header, table_header
 from specsweep.config import load
 from tests.conftest import REPO
 
@@ -45,7 +45,9 @@ def test_sample_has_the_tables_current_columns_and_lines() -> None:
     conf = int(round(100 * config["analysis"]["confidence"]))
     _, lines = sample()
     # the default measures each level to a precision target: its table has each level's rounds and half-width
-    header = table_header(conf, "tok/s", extra=PRECISION_COLUMN if config["precision"]["target"] else "")
+    # the demo's levels have their rounds' precision and what their requests held (accept length, answers)
+    extra = (PRECISION_COLUMN if config["precision"]["target"] else "") + CONTENT_COLUMN
+    header = table_header(conf, "tok/s", extra=extra)
     assert lines.count(header) == len(config["variants"]), f"each variant's table starts with {header!r}"
     spec = [a for a, v in config["arms"].items() if v["speculative"] and not v.get("policy")]
     for variant in config["variants"]:

@@ -186,6 +186,19 @@ def measured_crossover(levels: dict[float, float], speedups: dict[float, float] 
     }
 
 
+def gpu_config(levels: list[int]) -> dict:
+    """A sequential GPU variant (SGLang, two instances per arm, 600-s starts) at `levels`, no adaptive or policy."""
+    return {
+        **CONFIG,
+        "concurrency": levels,
+        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
+        "adaptive": {"enabled": False},
+        "policy": {"measure": False},
+        "pairing": {"mode": "sequential", "instances": 2},
+        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
+    }
+
+
 def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -194,15 +207,7 @@ def test_the_gpu_time_to_a_target_is_planned_at_a_measured_runs_spread(
     sqrt(0.0002 / 3) = 0.0351 <= log 1.038 = 0.0373) and one with se 0.03 needs 8 (t(7) 2.36 x sqrt(0.0018 / 8)
     = 0.0354): the widest decides the GPU time, pairs x one pair's starts and sweeps; one degree of freedom puts
     the upper end of its range past what can be planned. Without a measured run, no GPU time is printed."""
-    cfg = {
-        **CONFIG,
-        "concurrency": [1, 64],
-        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
-        "adaptive": {"enabled": False},
-        "policy": {"measure": False},
-        "pairing": {"mode": "sequential", "instances": 2},
-        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
-    }
+    cfg = gpu_config([1, 64])
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(cfg))
     measured = tmp_path / "crossover.json"
@@ -249,15 +254,7 @@ def test_a_gpu_budget_says_what_it_buys_and_what_a_decided_answer_needs(
     needs 2 pairs, C=16 at 0.80 (se 0.03: t(2) 4.30 x sqrt(0.0018 / 3) = 0.105 <= log(0.98 / 0.80) = 0.203) 3;
     C=64 at 0.99 lies within the margin: only the precision target decides it, so no budget decides every level.
     A budget short of the grid says by how much."""
-    cfg = {
-        **CONFIG,
-        "concurrency": [1, 16, 64],
-        "workload": {"input_tokens": 16, "output_tokens": 32, "requests": {"per_concurrency": 2, "floor": 4}},
-        "adaptive": {"enabled": False},
-        "policy": {"measure": False},
-        "pairing": {"mode": "sequential", "instances": 2},
-        "variants": {"gpu": {"engine": "sglang", "model": "/models/m", "expected_start_s": 600}},
-    }
+    cfg = gpu_config([1, 16, 64])
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(cfg))
     measured = tmp_path / "crossover.json"

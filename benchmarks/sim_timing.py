@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         args.levels, args.requests_per_concurrency, args.requests_floor, args.output_tokens = "1,4", 1, 4, 16
     profile = load_profile(args.profile)
     levels = [int(x) for x in args.levels.split(",")]
-    server_argv = ["--profile", args.profile, "--debug-timestamps"] + (["--speculative"] if args.speculative else [])
+    server_argv = ["--profile", args.profile, "--debug-timestamps", "--draws-by-request"] + (
+        ["--speculative"] if args.speculative else []
+    )
     print(
         f"profile={profile.name} speculative={args.speculative} in={args.input_tokens} out={args.output_tokens} "
         f"stagger={args.stagger}"

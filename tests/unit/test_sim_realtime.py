@@ -26,7 +26,7 @@ IN_TOKENS, OUT_TOKENS = 64, 64
 def test_real_time_matches_virtual_time(speculative):
     profile = load_profile("demo")
     sent = 0
-    with sim_server("--profile", "demo", *(["--speculative"] if speculative else [])) as url:
+    with sim_server("--profile", "demo", "--draws-by-request", *(["--speculative"] if speculative else [])) as url:
         for c, n in LEVELS:
             errors = []
             for _ in range(3):

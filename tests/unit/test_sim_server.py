@@ -272,3 +272,34 @@ def test_bad_speculation_schedule_stops_the_server(argv: list[str], why: str) ->
     serve_sim.add_arguments(parser)
     with pytest.raises(SystemExit, match=why):
         serve_sim.run(parser.parse_args(argv))
+
+
+def test_greedy_requests_draw_acceptance_by_prompt():
+    """Two servers sent the same greedy prompts in another order verify each prompt in the same number of passes
+    (a real engine at temperature 0 accepts the same drafts for the same prompt): a same-K comparison is paired on
+    content. Sampled requests (temperature 1) and `draws_by_prompt=False` draw by request id instead."""
+    prompts = [f"p{i} alpha beta gamma" for i in range(12)]
+
+    def verify_passes(order: list[int], temperature: float, warm: int, by_prompt: bool = True) -> dict[int, int]:
+        async def go(c: TestClient, sim: SimServer) -> dict[int, int]:
+            for w in range(warm):  # other requests first: other request ids for the same prompts
+                await c.post("/generate", json={"text": f"warm {w}", "sampling_params": {"max_new_tokens": 4}})
+            out = {}
+            for i in order:
+                body = {
+                    "text": prompts[i],
+                    "sampling_params": {"max_new_tokens": 64, "ignore_eos": True, "temperature": temperature},
+                    "stream": True,
+                }
+                chunks = await sse(await c.post("/generate", json=body))
+                out[i] = chunks[-2]["meta_info"]["spec_verify_ct"]
+            return out
+
+        return with_client(go, speculative=True, draws_by_prompt=by_prompt)
+
+    forward, backward = list(range(12)), list(range(11, -1, -1))
+    greedy = verify_passes(forward, 0.0, 0)
+    assert verify_passes(backward, 0.0, 3) == greedy
+    assert len(set(greedy.values())) > 1  # the prompts' draws differ: the key is the prompt, not one shared stream
+    assert verify_passes(backward, 1.0, 3) != verify_passes(forward, 1.0, 0)
+    assert verify_passes(backward, 0.0, 3, by_prompt=False) != greedy

@@ -119,6 +119,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --speculative: draft tokens per number of running requests, vLLM's "
         "num_speculative_tokens_per_batch_size, e.g. '[[1, 15, 3], [16, 1024, 0]]' (0: drafting off)",
     )
+    parser.add_argument(
+        "--draws-by-request",
+        action="store_true",
+        help="key every request's acceptance draws by its request id, as the virtual-time model replays them "
+        "(default: a greedy request's by its prompt, so servers sent the same prompts accept the same drafts)",
+    )
     add_fault_arguments(parser)
 
 
@@ -145,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         faults=faults_from_args(args),
         api_key=args.api_key,
         schedule=schedule,
+        draws_by_prompt=not args.draws_by_request,
     )
     asyncio.run(serve(server, args.host, args.port))
     return 0

@@ -187,9 +187,14 @@ class Engine:
         arrival: float = 0.0,
         cached_tokens: int = 0,
         accept_prob: float | None = None,
+        draw_key: str | None = None,
     ) -> SimRequest:
         """Create and enqueue a request; its acceptance draws come from its own seeded stream, with its content
         class's `accept_prob` where given (`Profile.accept_prob`).
+
+        `draw_key` (the prompt, for a greedy request) seeds that stream instead of the request id: a real engine
+        at temperature 0 accepts the same drafts for the same prompt, so two servers sent the same prompts draw
+        the same acceptances and a comparison at the same K is paired on content, not only on time.
 
         `cached_tokens` of the prompt come from a prefix cache and need no prefill (the last prompt token is
         always computed: it yields the first output token)."""
@@ -200,7 +205,8 @@ class Engine:
         if accept_prob is not None:
             req.log_accept = math.log(accept_prob) if accept_prob > 0 else -math.inf
         if self.speculative:
-            req.rng = random.Random(self.seed * 1_000_003 + rid)
+            seed = self.seed * 1_000_003 + rid if draw_key is None else f"{self.seed}/{draw_key}"
+            req.rng = random.Random(seed)
         self.waiting.append(req)
         return req
 

@@ -133,8 +133,12 @@ class SimServer:
         faults: FaultConfig | None = None,
         api_key: str | None = None,
         schedule: Schedule | None = None,
+        draws_by_prompt: bool = True,
     ) -> None:
+        """`draws_by_prompt`: a greedy request's acceptance draws are keyed by its prompt (`Engine.new_request`);
+        off, by request id, which `virtual.predict` replays request by request."""
         self.profile = profile
+        self.draws_by_prompt = draws_by_prompt
         self.api_key = api_key
         self.speculative = speculative
         self.seed = seed
@@ -250,11 +254,12 @@ class SimServer:
             sys.stdout.flush()
             os._exit(3)
 
-    def _submit(self, tokens: list[str], max_new_tokens: int, content: str = "") -> Stream:
+    def _submit(self, tokens: list[str], max_new_tokens: int, content: str = "", greedy: bool = False) -> Stream:
         now = time.monotonic()
         cached = self.prefix_cache.lookup_and_insert(tokens)
         accept = self.profile.accept_prob(content)
-        req = self.engine.new_request(len(tokens), max_new_tokens, now, cached, accept)
+        key = str(prompt_hash(tokens)) if greedy and self.draws_by_prompt else None
+        req = self.engine.new_request(len(tokens), max_new_tokens, now, cached, accept, key)
         stream = Stream(req=req, sent_at=now, cached=req.prefilled)
         req.tag = stream
         self.requests_total += 1
@@ -459,7 +464,7 @@ class SimServer:
         err = self._check_request(prompt_tokens, cap)
         if err is not None:
             return err
-        stream = self._submit(tokens, max_new, content)
+        stream = self._submit(tokens, max_new, content, _greedy(sp.get("temperature")))
         cached = stream.cached
         rid = f"{stream.req.rid:032x}"
         words = self._words(tokens, max_new)
@@ -569,7 +574,7 @@ class SimServer:
         err = self._check_request(prompt_tokens, cap)
         if err is not None:
             return err
-        stream = self._submit(tokens, max_new, content)
+        stream = self._submit(tokens, max_new, content, _greedy(body.get("temperature")))
         cached = stream.cached
         words = self._words(tokens, max_new)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.req.rid:016x}"
@@ -674,6 +679,11 @@ def _completion_prompt(body: dict[str, Any]) -> list[str]:
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]
     return prompt_words(prompt)
+
+
+def _greedy(temperature: Any) -> bool:
+    """Whether a request samples greedily (temperature 0; OpenAI's and SGLang's default is 1)."""
+    return temperature is not None and float(temperature) == 0.0
 
 
 def _chat_prompt(body: dict[str, Any]) -> list[str]:

@@ -3,7 +3,9 @@
 Each synthetic level draws rounds as an interleaved level measures them: a round's d (log ratio of its two blocks)
 is the true log speedup, plus content noise (which prompts the round drew: variance W / m for m requests per
 block), plus the host's round-to-round variation (B), plus a linear drift that the A B | B A order turns into
-alternating signs, plus, with two server instances, each instance's own offset. Each round's blocks' noise
+alternating signs, plus, with two server instances, each instance's own offset, plus where the host changes speed
+inside the level (a step, or a slow spell of a few blocks) that change in the round whose two blocks straddle it:
+such a level is kept, not measured again (`measure.gates.block_drift_gate`). Each round's blocks' noise
 estimate is W / m times a chi-square draw (its block bootstrap's degrees of freedom). The stopping rule
 (`specsweep.analysis.precision.next_step`, asked after complete cycles as `measure.interleave.judged_after` says)
 and the interval (`specsweep.analysis.paired.paired_rounds`) are the pipeline's own; only the measurement is
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,6 +65,11 @@ class Scenario:
     base_requests: int = 8
     overhead_s: float = 0.7
     per_request_s: float = 0.1
+    # the host changing speed inside the level, by this factor, at a block boundary drawn among its first 16 blocks:
+    # for `spell_blocks` blocks (a slow spell), or for the rest of the level (0: a step); 1.0: none. Both arms'
+    # blocks after it are slowed alike; only a round whose two blocks straddle the change has its d moved
+    host_factor: float = 1.0
+    spell_blocks: int = 0
 
 
 SCENARIOS = (
@@ -77,7 +85,25 @@ SCENARIOS = (
     Scenario("far below 1 (sim C=250)", 0.72, within=0.002, between=0.004, drift=0.0, instance_sd=0.0),
     Scenario("just above the margin", 1.04, within=0.002, between=0.002, drift=0.01, instance_sd=0.0),
     Scenario("just below the margin", 0.96, within=0.003, between=0.001, drift=0.0, instance_sd=0.0),
+    # the host changes speed inside a level (a step, as the pipeline's drift fault; a slow spell, as this VM's
+    # 1.4-1.9x spells): kept, not measured again (gates.block_drift_gate), its rounds' spread in the interval
+    Scenario("host step 1.3x", 1.2, within=0.002, between=0.001, drift=0.0, instance_sd=0.0, host_factor=1.3),
+    Scenario("A/A, host step 1.3x", 1.0, within=0.002, between=0.001, drift=0.0, instance_sd=0.0, host_factor=1.3),
+    Scenario("slow spell 1.6x, 3 blocks", 0.9, 0.002, 0.001, 0.0, 0.0, host_factor=1.6, spell_blocks=3),
+    Scenario("A/A, slow spell 1.6x, 3 blocks", 1.0, 0.002, 0.001, 0.0, 0.0, host_factor=1.6, spell_blocks=3),
 )
+
+FIRST_BLOCKS = 16  # a host change falls after one of a level's first 16 blocks (its first 8 rounds)
+
+
+def host_offsets(s: Scenario, rng: np.random.Generator) -> Callable[[int], float]:
+    """Block index -> the host's log slow-down at that block (0 before the change, and after a spell)."""
+    if s.host_factor == 1.0:
+        return lambda i: 0.0
+    start = int(rng.integers(1, FIRST_BLOCKS))
+    end = start + s.spell_blocks if s.spell_blocks else 10**9
+    size = -math.log(s.host_factor)
+    return lambda i: size if start <= i < end else 0.0
 
 
 def one_level(
@@ -88,6 +114,7 @@ def one_level(
     offsets = rng.normal(0.0, s.instance_sd, size=instances) if instances > 1 else np.zeros(1)
     cycle = list(range(1, instances + 1)) + list(range(instances, 0, -1))
     slope = s.drift * rng.choice([-1.0, 1.0])
+    host = host_offsets(s, rng)
     d, w, on, seconds, sizes = [], [], [], [], []
     growth = 1
     while True:
@@ -96,7 +123,9 @@ def one_level(
         k = cycle[r % len(cycle)]
         sign = 1.0 if r % 2 == 0 else -1.0  # A B | B A: a linear drift lands with alternating signs
         noise = rng.normal(0.0, math.sqrt(s.within / growth)) + rng.normal(0.0, math.sqrt(s.between))
-        d.append(math.log(s.speedup) + noise + sign * slope + offsets[k - 1])
+        # the compared arm's block second in A B rounds, first in B A rounds
+        moved = sign * (host(2 * r + 1) - host(2 * r))
+        d.append(math.log(s.speedup) + noise + sign * slope + offsets[k - 1] + moved)
         w.append(s.within / growth * rng.chisquare(BLOCK_DF) / BLOCK_DF)
         on.append(k)
         sizes.append(m)

@@ -261,8 +261,8 @@ def test_invalid_cells_left_out_and_listed(tmp_path: Path) -> None:
 
 
 def test_levels_kept_with_drift_are_named_in_the_verdict(tmp_path: Path) -> None:
-    """A level the host moved in two attempts in a row is kept (its drift a flag, `heal.drift_persists`): the
-    verdict names it, since its interval is wide for the host's doing, not the engine's."""
+    """A level the host moved is kept (its drift a flag, `gates.block_drift_gate`): the verdict names it, since its
+    interval is wide for the host's doing, not the engine's."""
     write_synthetic_variant(tmp_path, [1, 2, 5], lambda c: 1.2, seed=3)
     cells = _load(tmp_path)
     flag = "drift: steady throughput +40% from the first interleaved block to the last (> ±20%): ..., and in ..."

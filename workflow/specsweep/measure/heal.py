@@ -32,7 +32,6 @@ TRANSIENT_PREFIXES = (
     "client starved:",
     "client event-loop lag",
     "client sent late:",
-    "drift:",  # an interleaved level whose host changed speed between its first and last block
     SLOWED_PREFIX,  # a block whose server got less of its CPUs or GPUs than its other blocks (gates)
 )
 # ...and those other work causes, which a wait for quiet CPUs can outlast (a saturated client or a lagging loop is
@@ -49,25 +48,13 @@ def is_transient(reason: str) -> bool:
 
 
 def is_drift(reason: str) -> bool:
-    """Whether one validity reason is an interleaved level's drift (`gates.block_drift_gate`)."""
+    """Whether a validity flag is an interleaved level's drift (`gates.block_drift_gate`)."""
     return _REPEAT.sub("", reason).startswith(DRIFT_PREFIX)
 
 
 def is_server_slowed(reason: str) -> bool:
     """Whether one validity reason is a block served by a slowed server (`gates.server_state_gate`)."""
     return _REPEAT.sub("", reason).startswith(SLOWED_PREFIX)
-
-
-def drift_persists(log: list[dict[str, Any]]) -> bool:
-    """The level drifted in its last two attempts, and drift is all that was wrong with the last: the host
-    changes speed faster than the rounds alternate, so measuring again meets it again. Such a level is kept (the
-    drift a flag): the rounds' spread carries the drift into the paired interval, and throwing the level out
-    would leave no answer where the interval gives a wide one (vLLM CPU on this 2-core VM: blocks 1-2 s apart
-    moved 20-60% in every attempt of a level while nothing else ran)."""
-    if len(log) < 2 or not any(is_drift(r) for r in log[-2]["reasons"]):
-        return False
-    last = log[-1]["reasons"]
-    return bool(last) and all(is_drift(r) for r in last)
 
 
 def transient_only(reasons: list[str]) -> bool:
@@ -88,8 +75,6 @@ class Attempts(Generic[T]):
         last = self.log[self.counted - 1]
         if last["valid"]:
             why = "the first valid attempt" if self.counted > 1 else "valid at the first attempt"
-        elif drift_persists(self.log[: self.counted]):
-            why = "drift in this attempt and the one before: the host changes speed faster than the blocks alternate"
         elif last.get("not_again"):
             why = f"still invalid, and not measured again: {last['not_again']}"
         elif not transient_only(last["reasons"]):
@@ -112,8 +97,7 @@ def measure_until_valid(
     next starts (nothing measured is lost) and returns where; `before_retry(n)` runs before attempt n > 1 when
     other work made the last one invalid (e.g.
     `wait_for_quiet`: a busy spell lasts longer than a cell, so measuring again at once would meet it again) and
-    what it returns is logged with that attempt. A level that drifted in two attempts in a row, and had nothing
-    else wrong with the last, ends there (`drift_persists`). The last attempt counts (the caller writes it as the
+    what it returns is logged with that attempt. The last attempt counts (the caller writes it as the
     cell): the valid one, or the one after which measuring again could not help. `may_retry()`: whether the run's
     budget leaves room for another attempt (None: always); where it does not, the attempt counts and says so."""
     if attempts < 1:
@@ -128,7 +112,7 @@ def measure_until_valid(
         if waited is not None:
             entry["before"] = waited
         log.append(entry)
-        if v["valid"] or not transient_only(entry["reasons"]) or drift_persists(log) or n == attempts:
+        if v["valid"] or not transient_only(entry["reasons"]) or n == attempts:
             entry["counts"] = True
             return Attempts(result, n, log)
         if may_retry is not None and not may_retry():

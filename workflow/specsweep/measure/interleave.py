@@ -452,10 +452,11 @@ def run_level(
     `repeats` rounds.
 
     The level heals as a cell does (`specsweep.measure.heal`): an attempt in which a cell is invalid for transient
-    causes only (the host's doing, or drift inside the level) is kept under each cell's `attempts/<n>/` and the
-    whole level measured again, up to the workflow's `cell_attempts`; each summary's `attempts` block says which
-    attempt counts and why the others did not. `may_retry` (the run's budget, `measure/budget.py`): whether
-    another attempt may start; where it says no, the last attempt counts, saying why."""
+    causes only (the host's doing; a drift inside the level is a flag, not such a cause) is kept under each cell's
+    `attempts/<n>/` and the whole level measured again, up to the workflow's `cell_attempts`; each summary's
+    `attempts` block says which attempt counts and why the others did not. `may_retry` (the run's budget,
+    `measure/budget.py`): whether another attempt may start; where it says no, the last attempt counts, saying
+    why."""
     concurrency, repeats, instances = check_specs(specs)
     rounds = level_rounds(next(iter(specs.values())), repeats, rule)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}

@@ -111,6 +111,16 @@ def test_components_split_the_rounds_variance() -> None:
     assert comp is not None and comp.between_instance == pytest.approx(0.005, rel=0.2)
 
 
+def test_a_round_without_its_blocks_noise_leaves_the_others_theirs() -> None:
+    """A block whose bootstrap cannot be put on the log scale (a resample of only empty time blocks in a short,
+    bursty window: CI's tiny C=4 blocks with 4,000 replicates) has no noise figure; the level's blocks' noise is
+    the other rounds' mean, and with no round's it is unknown (None), never a stand-in."""
+    r = Rounds(np.array([0.30, 0.50, 0.40, 0.35]), np.array([0.002, np.nan, 0.004, 0.003]), 54, (1, 1, 1, 1))
+    comp = components(r)
+    assert comp is not None and comp.within == pytest.approx(0.003)
+    assert components(Rounds(np.array([0.3, 0.5]), np.array([np.nan, np.nan]), 0, (1, 1))) is None
+
+
 def test_the_reference_arms_own_spread_is_split_from_its_noise() -> None:
     """The baseline serves the same work every round: its log values' spread beyond its blocks' noise is time
     (the host, the engine), estimated within server instances (an instance's own speed is not time)."""

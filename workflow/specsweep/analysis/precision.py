@@ -103,11 +103,14 @@ class Components:
 def components(rounds: Rounds) -> Components | None:
     """Method-of-moments split of the rounds' d: within = the mean of the rounds' blocks' noise; between rounds =
     what the rounds' spread (within instances) has beyond it; between instances = what the instances' means
-    have beyond the rounds' (one-way random effects). None without two rounds or the blocks' noise."""
+    have beyond the rounds' (one-way random effects). The blocks' noise is the mean over the rounds that have it:
+    a block whose bootstrap cannot be put on the log scale (a resample of empty time blocks, from a short bursty
+    window) leaves its round without one, not the level. None without two rounds or any round's blocks' noise."""
     d, w = rounds.d, rounds.within
-    if d.size < 2 or not np.all(np.isfinite(w)):
+    known = w[np.isfinite(w)]
+    if d.size < 2 or known.size == 0:
         return None
-    within = float(np.mean(w))
+    within = float(np.mean(known))
     reference = _reference_between(rounds)
     groups = _by_instance(d, rounds.instance)
     resid_df = d.size - len(groups)
@@ -129,14 +132,14 @@ def _by_instance(values: np.ndarray, instance: tuple[int, ...]) -> list[np.ndarr
 def _reference_between(rounds: Rounds) -> float | None:
     """The reference arm's round-to-round variance beyond its blocks' own noise (within server instances)."""
     ref, noise = rounds.reference, rounds.reference_within
-    if ref is None or noise is None or ref.size < 2 or not np.all(np.isfinite(noise)):
+    if ref is None or noise is None or ref.size < 2 or not np.any(np.isfinite(noise)):
         return None
     groups = _by_instance(ref, rounds.instance)
     resid_df = ref.size - len(groups)
     if resid_df < 1:
         return None
     spread = float(sum(((g - g.mean()) ** 2).sum() for g in groups)) / resid_df
-    return max(0.0, spread - float(np.mean(noise)))
+    return max(0.0, spread - float(np.mean(noise[np.isfinite(noise)])))
 
 
 @dataclass(frozen=True)

@@ -124,13 +124,16 @@ def test_the_policy_pairs_with_the_best_arm_on_its_instances(runs: dict[int, Pat
     """The policy level measures the policy's two instances beside the best fixed arm's two (reused from the
     fixed levels, not started again); where it serves that arm's K the pair is an A/A one: the proof never fails
     there, and holds or, where the interval straddles 1 - margin, is not decided with the rounds that would decide
-    it (a CI run: ratios 1.006 [0.951, 1.063] and 1.010 [0.938, 1.077], ~10 and ~11 rounds)."""
+    it (a CI run: ratios 1.006 [0.951, 1.063] and 1.010 [0.938, 1.077], ~10 and ~11 rounds). A level inside the
+    crossover interval where the threshold rule chose a smaller K (it then compares the schedule's choice) may read
+    the rule's own caution, judged against the loss the rule allows there: not a failure either."""
     res = runs[2] / "results" / "instances"
     x = crossover(runs[2])
     proof = x["policy_proof"]["eagle3"]
     assert not proof["failing_levels"] and proof["holds"] is not False, proof
     for row in proof["per_level"]:
-        assert row["status"] in ("holds", "better", "not decided"), row
+        cautious = ("caution",) if row["compares"] == "schedule" else ()
+        assert row["status"] in ("holds", "better", "not decided", *cautious), row
         assert (row["status"] == "not decided") == (row["rounds_to_decide"] is not None), row
     for c in LEVELS:
         summary = json.loads((res / "sim" / "eagle3-policy" / f"c{c}" / "summary.json").read_text())

@@ -22,13 +22,16 @@ A/A (true speedup 1) the share of levels whose interval excludes 1 (goal: at mos
 and the mean rounds (instances per arm) and requests spent.
 
     python benchmarks/precision_coverage.py [--sweeps 200] [--seed 0] [--target 0.05] [--min-rounds 3]
+    python benchmarks/precision_coverage.py --run-budget-s 300   # every sweep's levels share 300 s of measuring
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,7 @@ from specsweep.analysis.precision import (  # noqa: E402
     segment_step,
     verdict_decided,
 )
+from specsweep.measure.budget import AFTER_MEASURING_SHARE, RunBudget, allowance, record_level  # noqa: E402
 from specsweep.measure.interleave import judged_after  # noqa: E402
 
 BLOCK_DF = 18  # a round's blocks' noise estimate: two blocks of 10 time blocks each
@@ -93,6 +97,9 @@ SCENARIOS = (
     Scenario("A/A, slow spell 1.6x, 3 blocks", 1.0, 0.002, 0.001, 0.0, 0.0, host_factor=1.6, spell_blocks=3),
 )
 
+# a level's (covered, excludes 1, target met, stopped on its verdict, rounds or instances, requests, seconds)
+Outcome = tuple[bool, bool, bool, bool, int, int, float]
+
 FIRST_BLOCKS = 16  # a host change falls after one of a level's first 16 blocks (its first 8 rounds)
 
 
@@ -106,10 +113,9 @@ def host_offsets(s: Scenario, rng: np.random.Generator) -> Callable[[int], float
     return lambda i: size if start <= i < end else 0.0
 
 
-def one_level(
-    s: Scenario, settings: PrecisionSettings, rng: np.random.Generator
-) -> tuple[bool, bool, bool, bool, int, int]:
-    """One level measured under the rule: (covered, excludes 1, met, stopped on its verdict, rounds, requests)."""
+def one_level(s: Scenario, settings: PrecisionSettings, rng: np.random.Generator) -> Outcome:
+    """One level measured under the rule: (covered, excludes 1, met, stopped on its verdict, rounds, requests,
+    seconds)."""
     instances = 2 if s.instance_sd > 0 else 1
     offsets = rng.normal(0.0, s.instance_sd, size=instances) if instances > 1 else np.zeros(1)
     cycle = list(range(1, instances + 1)) + list(range(instances, 0, -1))
@@ -144,7 +150,27 @@ def one_level(
     t = pe.half_width(settings.confidence)
     lo, hi = pe.speedup / (1 + t), pe.speedup * (1 + t)
     met = t <= (settings.target or 0)
-    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, met, nxt.reason.startswith(VERDICT_DECIDED), len(d), sum(sizes)
+    decided_stop = nxt.reason.startswith(VERDICT_DECIDED)
+    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, met, decided_stop, len(d), sum(sizes), sum(seconds)
+
+
+def budgeted_sweep(
+    settings: dict[str, PrecisionSettings], run_s: float, ledger: Path, rng: np.random.Generator
+) -> list[Outcome]:
+    """One sweep of every scenario's level under a run budget, as the pipeline spends it (`measure.budget`): each
+    level in turn takes its share of the measuring seconds left (its `max_level_s`, where smaller than its
+    own), and a level that stops early leaves its seconds to those after it. The clock is the levels' seconds."""
+    budget = RunBudget(run_s, 0.0, len(SCENARIOS), str(ledger))
+    clock, out = 0.0, []
+    for sc in SCENARIOS:
+        share = allowance(budget, now=clock).seconds
+        own = settings[sc.name]
+        bound = min(max(0.0, share), own.max_level_s if own.max_level_s is not None else math.inf)
+        res = one_level(sc, dataclasses.replace(own, max_level_s=bound, level_s_from="run budget"), rng)
+        clock += res[6]
+        record_level(budget, sc.name, res[6], res[4])
+        out.append(res)
+    return out
 
 
 @dataclass(frozen=True)
@@ -171,7 +197,7 @@ SEGMENT_ARMS = ("baseline", "eagle3")
 
 def one_segmented_level(
     s: SegmentScenario, target: float, most: int, margin: float | None, rng: np.random.Generator
-) -> tuple[bool, bool, bool, bool, int, int]:
+) -> Outcome:
     """One sequential level under the segment rule: (covered, excludes 1, met, stopped on its verdict, instances per
     arm, blocks)."""
     values: dict[str, dict[int, float]] = {a: {} for a in SEGMENT_ARMS}
@@ -203,7 +229,8 @@ def one_segmented_level(
     assert pe is not None
     t = pe.half_width(0.95)
     lo, hi = pe.speedup / (1 + t), pe.speedup * (1 + t)
-    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, t <= target, step.reason.startswith(VERDICT_DECIDED), k, 2 * k
+    decided_stop = step.reason.startswith(VERDICT_DECIDED)
+    return lo <= s.speedup <= hi, not lo <= 1.0 <= hi, t <= target, decided_stop, k, 2 * k, float("nan")
 
 
 def main() -> None:
@@ -221,6 +248,12 @@ def main() -> None:
         default=0.02,
         help="precision.decide_margin: a level also stops once its verdict is known (negative: off, the width alone)",
     )
+    ap.add_argument(
+        "--run-budget-s",
+        type=float,
+        help="the scenarios' levels of a sweep share this many seconds of measuring (budget.run_s less its 15%% "
+        "for the jobs after measuring), each taking its share as the pipeline does (measure/budget.py)",
+    )
     ap.add_argument("--smoke", action="store_true", help="10 sweeps: the script runs (the pipeline tier)")
     args = ap.parse_args()
     if args.smoke:
@@ -230,7 +263,7 @@ def main() -> None:
     rows: list[tuple[str, float, float, float, float, float, float]] = []
     designs: dict[str, tuple[list[bool], list[bool]]] = {}
 
-    def tally(design: str, name: str, speedup: float, res: list[tuple[bool, bool, bool, bool, int, int]]) -> None:
+    def tally(design: str, name: str, speedup: float, res: list[Outcome]) -> None:
         """One scenario's levels into its row and its design's coverage and A/A shares."""
         cov, excl = designs.setdefault(design, ([], []))
         cov += [x[0] for x in res]
@@ -248,8 +281,8 @@ def main() -> None:
             )
         )
 
-    for s in SCENARIOS:
-        settings = PrecisionSettings.from_config(
+    settings = {
+        s.name: PrecisionSettings.from_config(
             {
                 "target": args.target,
                 "min_rounds": args.min_rounds,
@@ -260,7 +293,24 @@ def main() -> None:
             },
             2 if s.instance_sd > 0 else 1,
         )
-        tally("interleaved rounds", s.name, s.speedup, [one_level(s, settings, rng) for _ in range(args.sweeps)])
+        for s in SCENARIOS
+    }
+    spent: list[float] = []
+    if args.run_budget_s is None:
+        for s in SCENARIOS:
+            tally(
+                "interleaved rounds",
+                s.name,
+                s.speedup,
+                [one_level(s, settings[s.name], rng) for _ in range(args.sweeps)],
+            )
+    else:
+        run_s = args.run_budget_s / (1 - AFTER_MEASURING_SHARE)
+        with tempfile.TemporaryDirectory() as tmp:
+            sweeps = [budgeted_sweep(settings, run_s, Path(tmp) / f"{i}.jsonl", rng) for i in range(args.sweeps)]
+        spent = [sum(x[6] for x in sweep) for sweep in sweeps]
+        for j, s in enumerate(SCENARIOS):
+            tally("interleaved rounds", s.name, s.speedup, [sweep[j] for sweep in sweeps])
     for g in SEGMENT_SCENARIOS:
         res = [one_segmented_level(g, args.target, args.max_instances, margin, rng) for _ in range(args.sweeps)]
         tally("sequential segments", g.name, g.speedup, res)
@@ -270,6 +320,13 @@ def main() -> None:
         f"{'off' if margin is None else f'outside 1 +- {margin:.0%}'} (interval: analysis.paired; "
         "rule: analysis.precision; segments: rounds = instances per arm)"
     )
+    if spent:
+        over = np.mean([x > args.run_budget_s * 1.1 for x in spent])
+        print(
+            f"run budget {args.run_budget_s:g} s of measuring per sweep ({len(SCENARIOS)} levels): spent "
+            f"{np.median(spent):.0f} s median, {min(spent):.0f}-{max(spent):.0f} s; past it by more than 10%: "
+            f"{over:.1%}"
+        )
     print(f"{'scenario':34} | coverage | excludes 1 | target met | decided | rounds | requests/arm")
     for name, cov, excl, met, decided, rounds, req in rows:
         ex = f"{excl:10.1%}" if math.isfinite(excl) else f"{'-':>10}"

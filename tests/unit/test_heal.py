@@ -15,6 +15,7 @@ from specsweep.measure.heal import (
     judge_settings,
     measure_until_valid,
     transient_only,
+    transient_rounds,
     wait_for_quiet,
 )
 
@@ -130,3 +131,23 @@ def test_wait_for_quiet_returns_what_it_saw() -> None:
     assert seen["quiet"] and 0.0 <= seen["busy_share"] <= 1.0 and seen["waited_s"] < 1.0
     seen = wait_for_quiet((0,), max_share=-1.0, timeout_s=0.2, window_s=0.1)  # never quiet enough: gives up
     assert not seen["quiet"] and seen["waited_s"] >= 0.2
+
+
+def test_an_interleaved_level_measures_again_only_the_rounds_the_host_spoiled() -> None:
+    """The rounds a transient reason names (an interleaved level's reasons start with [arm] and name their
+    round); None where a cause is not the host's or names no round: the whole level is measured again."""
+    assert transient_rounds([f"[eagle3] repeat 3: {BUSY}", f"[baseline] repeat 1: {BUSY}"]) == (1, 3)
+    assert transient_rounds([f"[eagle3] repeat 3: {BUSY}", f"[eagle3] repeat 3: {BUSY}"]) == (3,)
+    assert transient_rounds([f"[eagle3] {BUSY}"]) is None  # a one-round level names no round
+    assert transient_rounds([f"[eagle3] repeat 2: {BUSY}", f"[eagle3] repeat 1: {SHORT}"]) is None
+    assert transient_rounds([]) is None
+
+
+def test_the_attempt_log_names_the_rounds_measured_again() -> None:
+    verdicts = [
+        {"valid": False, "reasons": [f"[a] repeat 1: {BUSY}"]},
+        {"valid": True, "reasons": [], "rounds_measured": [1]},
+    ]
+    done = measure_until_valid(lambda n: n, lambda n: verdicts[n - 1], 2)
+    log = done.as_dict()["log"]
+    assert "rounds_measured" not in log[0] and log[1]["rounds_measured"] == [1]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,6 +16,8 @@ import pytest
 from specsweep.analysis.bootstrap import CellBootstrap
 from specsweep.analysis.cells import Cell
 from specsweep.analysis.paired import paired_estimate, rounds_of
+from specsweep.client.loadgen import LevelResult, RepeatResult
+from specsweep.client.prompts import LevelPrompts
 from specsweep.config import (
     AA_INSTANCE_ENV,
     ConfigError,
@@ -22,9 +28,11 @@ from specsweep.config import (
     speculative_arms,
     validate,
 )
+from specsweep.measure import interleave
+from specsweep.measure.cell import LevelInputs
 from specsweep.measure.gates import block_drift, block_drift_gate
 from specsweep.measure.heal import transient_only
-from specsweep.measure.interleave import block_order, centred, check_specs, out_dirs, round_instances, slot_of
+from specsweep.measure.interleave import Rounds, block_order, centred, check_specs, out_dirs, round_instances, slot_of
 
 pytestmark = pytest.mark.unit
 
@@ -422,3 +430,68 @@ def test_a_level_without_an_aa_comparison_has_no_band(monkeypatch: pytest.Monkey
     within = {r["concurrency"]: r["within_noise"] for r in out["arms"]["ngram"]["per_level"]}
     assert within == {1: True, 4: None}
     assert any(n.startswith("C=4: no A/A band") for n in out["arms"]["ngram"]["verdict"]["notes"])
+
+
+@dataclass
+class _Request:
+    url: str = ""
+
+
+@dataclass
+class _Set:
+    """A prompt set that knows its round: what a block sent is read back from its repeat's `prompts`."""
+
+    round: int
+    n: int = 10**6
+
+    def head(self, n: int) -> _Set:
+        return _Set(self.round, min(self.n, n))
+
+
+def test_a_round_measured_again_replaces_that_round_and_keeps_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient cause in one round of an interleaved level costs that round: measured again, every arm's block
+    of it in the round's own order, on its prompt set and block size; the other rounds' blocks are the earlier
+    attempt's, and the level still has one block per arm and round."""
+    calls: list[tuple[str, int, int]] = []
+
+    async def block(req: _Request, concurrency: int, n: int, prompts: LevelPrompts, *a: Any, **kw: Any) -> Any:
+        calls.append((req.url, prompts.repeats[0].round, n))
+        rep = RepeatResult(0, [], time.monotonic(), time.time(), [], "reset", client={"wall_s": 0.0})
+        rep.prompts = prompts.repeats[0]
+        return LevelResult(concurrency, n, [rep])
+
+    async def no_referral(*a: Any) -> dict[str, Any]:
+        return {}
+
+    monkeypatch.setattr(interleave, "measure_level", block)
+    monkeypatch.setattr(interleave, "refer_level", no_referral)
+    monkeypatch.setattr(interleave, "watched_gpus", lambda variant: None)
+    monkeypatch.setattr(interleave.servers, "freeze", lambda rec: None)
+    monkeypatch.setattr(interleave.servers, "thaw", lambda rec: None)
+    spec = {
+        "workload": {"stagger": False, "warmup_requests": 0, "output_tokens": 16, "requests": {}},
+        "client": {"idle_probe_s": 0.0},
+        "variant": {},
+    }
+    cells = {arm: SimpleNamespace(spec=spec, plan=SimpleNamespace(watched=None), engine=None) for arm in ("a", "b")}
+    recs = {arm: SimpleNamespace(base_url=f"http://{arm}", server_pid=0) for arm in cells}
+    prompts = LevelPrompts(_Set(-1), [_Set(r) for r in range(4)], True)
+    inputs = {arm: LevelInputs(_Request(), prompts, 5) for arm in cells}
+
+    async def level_inputs(*a: Any) -> tuple[dict[str, LevelInputs], dict[str, Any]]:
+        return inputs, {arm: {} for arm in cells}
+
+    monkeypatch.setattr(interleave, "_inputs_and_infos", level_inputs)
+    first = asyncio.run(interleave._measure_blocks(cells, recs, Rounds(4, 4), 1, 2, {}))  # type: ignore[arg-type]
+    assert len(calls) == 8 and [b["repeat"] for b in first.blocks] == [0, 0, 1, 1, 2, 2, 3, 3]
+    calls.clear()
+    again = asyncio.run(interleave._measure_blocks(cells, recs, Rounds(4, 4), 1, 2, {}, (first, (1,))))  # type: ignore[arg-type]
+    assert calls == [("http://b", 1, 5), ("http://a", 1, 5)]  # round 1's order (B A), set and size
+    for arm in cells:
+        before, after = first.results[arm].repeats, again.results[arm].repeats
+        assert [r.repeat for r in after] == [0, 1, 2, 3]
+        assert [after[i] is before[i] for i in range(4)] == [True, False, True, True]
+        assert after[1].prompts.round == 1
+    assert sorted(b["repeat"] for b in again.blocks) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [b["repeat"] for b in again.blocks[-2:]] == [1, 1]  # measured last
+    assert again.sizes == first.sizes and len(again.round_s) == 4

@@ -10,7 +10,15 @@ import pytest
 from specsweep import config as ssconfig
 from specsweep.analysis.precision import LevelRule, PrecisionSettings
 from specsweep.measure import heal
-from specsweep.measure.budget import BUDGET_ENV, RunBudget, allowance, done_levels, record_level, spent_text
+from specsweep.measure.budget import (
+    BUDGET_ENV,
+    RunBudget,
+    allowance,
+    done_levels,
+    record_level,
+    room_for,
+    spent_text,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -40,6 +48,18 @@ def test_a_level_gets_an_even_share_of_what_is_left_after_the_levels_done(tmp_pa
         record_level(b, f"sim/c{10 + i}", 1.0, 4)
     assert allowance(b, now=800.0).remaining == 1 and allowance(b, now=800.0).seconds == pytest.approx(50.0)
     assert allowance(b, now=900.0).seconds < 0  # spent: the level measures its min_rounds only
+
+
+def test_a_retry_past_the_levels_share_starts_where_the_run_has_room_for_it(tmp_path: Path) -> None:
+    """Measuring spoiled rounds again past a level's share: only where those seconds and the levels after it,
+    projected at what the levels done took per share, fit in the run's measuring seconds."""
+    b = budget(tmp_path, levels=10)
+    assert not room_for(b, 1.0, now=100.0)  # no level done: nothing to project with, no room past the share
+    for i in range(6):
+        record_level(b, f"sim/c{i}", 20.0, 4)  # 20 s a share
+    # 850 - 400 = 450 s left; this level and 3 after it: 3 x 20 = 60 s projected
+    assert room_for(b, 390.0, now=400.0) and not room_for(b, 391.0, now=400.0)
+    assert room_for(b, 10.0, share=0.5, now=400.0) and not room_for(b, 10.0, now=830.0)
 
 
 def test_the_rule_sees_the_seconds_left_of_its_jobs_share() -> None:
@@ -84,7 +104,10 @@ def test_no_attempt_starts_once_the_run_budget_is_spent() -> None:
 
     done = heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: False)
     assert made == [1] and done.counted == 1
-    assert done.log[-1]["counts"] and "share of the run's budget is spent" in done.log[-1]["not_again"]
+    assert (
+        done.log[-1]["counts"]
+        and "share of the run's budget is spent, and the levels after it need the rest" in (done.log[-1]["not_again"])
+    )
     assert done.as_dict()["why"].startswith("still invalid, and not measured again: the level's share")
     made.clear()
     heal.measure_until_valid(once, lambda _: transient, 3, may_retry=lambda: True)

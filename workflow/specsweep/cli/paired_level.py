@@ -59,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
             args.server_log_dir,
             args.startup_timeout_s,
             rule,
-            # another attempt only within the job's share: a level whose share is spent keeps what it measured
-            (lambda: time.time() < deadline) if deadline is not None else None,
+            # another attempt within the job's share, or past it where the run has room for what it costs: a
+            # level keeps what it measured where neither holds
+            (lambda seconds: time.time() < deadline or run_budget.room_for(budget, seconds, share))
+            if deadline is not None and budget is not None
+            else None,
         )
     except (CellError, MissingAPIKey, servers.ServerError) as e:
         print(f"interleaved level failed: {e}", file=sys.stderr)

@@ -4,14 +4,16 @@ Why: each level's own budget (`precision.max_level_s`, `max_rounds`) bounds that
 run; on a host that will not sit still every level spent its own and the vLLM example ran past 40 minutes. With a
 budget for the run, the workflow starts a clock when it starts executing jobs (`Snakefile` `onstart`: the time
 left and the levels still to measure, through the environment, not a rule param, so that a budget change
-re-measures nothing) and each measuring job asks, before its level and before each attempt at it, what is left:
+re-measures nothing) and each measuring job asks, before its level, what is left:
 the run's seconds less the share kept for what follows the measuring (analysis, MLflow), less what has passed,
 spread over the levels not yet measured, this one included: a fixed arms' level one share, a policy level half of
 one (its proof is of a schedule the fixed arms already decided, and where the schedule is one K no policy level
 runs at all). The share ends at a deadline, so the level's server starts count against it. A level that stops
 early (its target met, its verdict known) leaves its seconds to the levels after it: the added levels inside the
 crossover interval and the policy levels, which come last. A level still measures its `min_rounds` (fewer rounds
-give no interval), so a budget below that overruns, and the run's final lines say by how much.
+give no interval), so a budget below that overruns, and the run's final lines say by how much. Measuring a
+level's spoiled rounds again (`measure/heal.py`) starts within the level's share, or past it where the run has
+room (`room_for`: the levels after it projected at what those done took).
 
 The ledger (`<results>/<experiment>/budget/<run>.jsonl`, one line per level done) counts the levels this run has
 measured, so a level knows how many remain after it.
@@ -76,6 +78,23 @@ def allowance(budget: RunBudget, share: float = 1.0, now: float | None = None) -
     done = sum(float(d.get("share", 1.0)) for d in done_levels(budget))
     remaining = max(share, budget.levels - done)
     return Allowance(left * share / remaining, left, remaining)
+
+
+def room_for(budget: RunBudget, seconds: float, share: float = 1.0, now: float | None = None) -> bool:
+    """Whether `seconds` more for this level (measuring rounds again) still leave the run within its measuring
+    seconds: the levels after it projected at what the levels done so far took per share. Why: a level's share
+    is an equal split of an estimate, and the levels spend it unequally (the demo's C=1 levels take a third of
+    their share, its C=250 levels more than theirs); a retry the run has room for is not refused because one
+    level's share is spent. Unknown (no level done yet): no room beyond the share."""
+    now = time.time() if now is None else now
+    done = done_levels(budget)
+    spent_shares = sum(float(d.get("share", 1.0)) for d in done)
+    if not done or spent_shares <= 0:
+        return False
+    per_share = sum(float(d["seconds"]) for d in done) / spent_shares
+    left = budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
+    after = max(0.0, budget.levels - spent_shares - share)
+    return seconds + after * per_share <= left
 
 
 def record_level(budget: RunBudget, level: str, seconds: float, rounds: int | None, share: float = 1.0) -> None:

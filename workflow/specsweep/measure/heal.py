@@ -9,6 +9,9 @@ Server errors, short outputs, prefix-cache hits, shared CPUs and a closed
 loop that did not reach its concurrency are the engine's or the config's doing: measuring again would repeat
 them, so they end the attempts at once.
 
+An interleaved level measures again only the rounds a transient cause spoiled (`transient_rounds`): a busy spell
+of seconds in one round of a level that took minutes costs that round, not the level.
+
 `measure_until_valid` knows nothing of cells: the pipeline's cell job and an interleaved measuring path both call
 it with their own `measure_once`, `judge` and `keep`.
 """
@@ -39,6 +42,7 @@ TRANSIENT_PREFIXES = (
 OTHER_WORK_PREFIXES = ("machine busy:", "client starved:")
 DRIFT_PREFIX = "drift:"
 _REPEAT = re.compile(r"^(?:\[[^\]]+\] )?(?:repeat \d+: )?")  # an interleaved level's reasons start with [arm]
+_ROUND = re.compile(r"^(?:\[[^\]]+\] )?repeat (\d+): ")  # the round (repeat) a reason names, where it names one
 JUDGE_ENV = "SPECSWEEP_CELL_JUDGE"  # {"gates": ..., "attempts": N}: set by the Snakefile for the cell jobs
 
 
@@ -60,6 +64,17 @@ def is_server_slowed(reason: str) -> bool:
 def transient_only(reasons: list[str]) -> bool:
     """An invalid verdict that measuring again can clear: at least one reason, every one transient."""
     return bool(reasons) and all(is_transient(r) for r in reasons)
+
+
+def transient_rounds(reasons: list[str]) -> tuple[int, ...] | None:
+    """The rounds an interleaved level measures again: each round a transient reason names, where every reason
+    is transient and names its round (None: a cause that is not the host's, or one of the whole level)."""
+    if not transient_only(reasons):
+        return None
+    found = [_ROUND.match(r) for r in reasons]
+    if not all(found):
+        return None
+    return tuple(sorted({int(m.group(1)) for m in found if m}))
 
 
 @dataclass
@@ -109,6 +124,8 @@ def measure_until_valid(
         result = measure_once(n)
         v = judge(result)
         entry: dict[str, Any] = {"attempt": n, "valid": bool(v["valid"]), "reasons": list(v["reasons"])}
+        if v.get("rounds_measured"):  # an interleaved level's attempt that measured some rounds again, not all
+            entry["rounds_measured"] = list(v["rounds_measured"])
         if waited is not None:
             entry["before"] = waited
         log.append(entry)
@@ -117,7 +134,9 @@ def measure_until_valid(
             return Attempts(result, n, log)
         if may_retry is not None and not may_retry():
             entry["counts"] = True
-            entry["not_again"] = "the level's share of the run's budget is spent (budget.run_s)"
+            entry["not_again"] = (
+                "the level's share of the run's budget is spent, and the levels after it need the rest (budget.run_s)"
+            )
             return Attempts(result, n, log)
         entry["counts"] = False
         if keep is not None:  # superseded: stored before the next attempt starts

@@ -175,12 +175,38 @@ class _Measured:
     level_s: dict[str, float]
     precision: dict[str, Any] | None
     referrals: dict[str, dict[str, Any]]  # arm -> records.OutputReferral, every arm besides the reference
+    sizes: list[int]  # each round's measured requests per block
+    round_s: list[float]
+    overheads: list[float]
+    decisions: list[str]
 
 
 def _used_inputs(inp: LevelInputs, sizes: list[int]) -> LevelInputs:
     """The arm's inputs as measured: each round's prompt set cut to the requests it sent."""
     sets = [inp.prompts.repeats[r].head(n) for r, n in enumerate(sizes)]
     return replace(inp, prompts=LevelPrompts(inp.prompts.warmup, sets, inp.prompts.unique))
+
+
+async def _inputs_and_infos(
+    cells: dict[str, PreparedCell], recs: dict[str, servers.ServerRecord], rounds: Rounds, instances: int
+) -> tuple[dict[str, LevelInputs], dict[str, Any]]:
+    """Every arm's prompt sets (one per round the level may measure, each as long as its largest block) and its
+    server's info. Every server runs here: prompts may be tokenized by the server."""
+    inputs: dict[str, LevelInputs] = {}
+    infos: dict[str, Any] = {}
+    for arm, cell in cells.items():
+        first = recs[slot_of(arm, 1, instances)]
+        url = first.base_url
+        spec = {**cell.spec, "repeats": rounds.max_rounds, "n_requests": cell.spec["n_requests"] * rounds.max_growth}
+        inputs[arm] = replace(
+            await level_inputs(
+                spec, cell.make_spec(first.port), url, cell.api_key, cell.tokenizer_path, cell.dataset, cell.render
+            ),
+            n_requests=cell.spec["n_requests"],
+        )
+        async with new_session(1) as session:
+            infos[arm] = await cell.engine.server_info(session, url)
+    return inputs, infos
 
 
 async def _measure_blocks(
@@ -190,32 +216,32 @@ async def _measure_blocks(
     instances: int,
     concurrency: int,
     pairing: dict[str, Any],
+    again: tuple[_Measured, tuple[int, ...]] | None = None,
 ) -> _Measured:
+    """The level's rounds, each a block of every arm; with `again` (an earlier attempt and some of its rounds),
+    only those rounds, measured anew on the same prompt sets and block sizes, in place of the attempt's: the
+    attempt's other rounds are kept, so a transient cause costs the rounds it spoiled, not the level."""
     arms = list(cells)
-    inputs: dict[str, LevelInputs] = {}
-    infos: dict[str, Any] = {}
-    n_sets = rounds.max_rounds
-    for arm, cell in cells.items():  # every server runs here: prompts may be tokenized by the server
-        first = recs[slot_of(arm, 1, instances)]
-        url = first.base_url
-        # one prompt set per round the level may measure, each as long as its largest block
-        spec = {**cell.spec, "repeats": n_sets, "n_requests": cell.spec["n_requests"] * rounds.max_growth}
-        inputs[arm] = replace(
-            await level_inputs(
-                spec, cell.make_spec(first.port), url, cell.api_key, cell.tokenizer_path, cell.dataset, cell.render
-            ),
-            n_requests=cell.spec["n_requests"],
-        )
-        async with new_session(1) as session:
-            infos[arm] = await cell.engine.server_info(session, url)
-    repeats: dict[str, list[RepeatResult]] = {arm: [] for arm in arms}
-    warmup_errors = dict.fromkeys(arms, 0)
-    level_s = dict.fromkeys(arms, 0.0)
-    blocks: list[dict[str, Any]] = []
-    round_s: list[float] = []
-    sizes: list[int] = []
-    overheads: list[float] = []
-    decisions: list[str] = []
+    if again is None:
+        inputs, infos = await _inputs_and_infos(cells, recs, rounds, instances)
+        repeats: dict[str, list[RepeatResult]] = {arm: [] for arm in arms}
+        warmup_errors = dict.fromkeys(arms, 0)
+        level_s = dict.fromkeys(arms, 0.0)
+        blocks: list[dict[str, Any]] = []
+        round_s: list[float] = []
+        sizes: list[int] = []
+        overheads: list[float] = []
+        decisions: list[str] = []
+        redo: tuple[int, ...] = ()
+    else:
+        prior, redo = again
+        inputs, infos = prior.inputs, prior.infos
+        repeats = {arm: [rep for rep in prior.results[arm].repeats if rep.repeat not in redo] for arm in arms}
+        warmup_errors = {arm: prior.results[arm].warmup_errors for arm in arms}
+        level_s = dict(prior.level_s)
+        blocks = [b for b in prior.blocks if b["repeat"] not in redo]
+        round_s, sizes, overheads = list(prior.round_s), list(prior.sizes), list(prior.overheads)
+        decisions = list(prior.decisions)
     growth, r = 1, 0
     ramp = concurrency if cells[arms[0]].spec["workload"]["stagger"] else 0
     # the host's idle loop lag (the jitter a block's loop lag is judged against) is probed before each arm's first
@@ -228,16 +254,17 @@ async def _measure_blocks(
             arm: LevelResult(
                 concurrency=concurrency,
                 n_requests=inputs[arm].n_requests,
-                repeats=repeats[arm],
+                repeats=sorted(repeats[arm], key=lambda rep: rep.repeat),
                 warmup_errors=warmup_errors[arm],
                 stagger=cells[arm].spec["workload"]["stagger"],
             )
             for arm in arms
         }
 
-    while r < n_sets:
+    async def measure_round(r: int, n: int) -> tuple[float, float]:
+        """Round r: a block of n measured requests of every arm, on the round's instance and prompt set; its
+        seconds end to end and those besides its measured requests."""
         k = round_instances(r + 1, instances)[r]
-        n = inputs[arms[0]].n_requests * growth
         started_round, overhead = time.monotonic(), 0.0
         for arm in block_order(centred(arms), r + 1)[r]:
             measured = slot_of(arm, k, instances)
@@ -279,7 +306,15 @@ async def _measure_blocks(
             overhead += max(0.0, block_s - float(rep.client.get("wall_s") or 0.0) * n / (n + ramp))
             block = {"arm": arm, "repeat": r, "start_unix": start_unix, "end_unix": time.time()}
             blocks.append({**block, "instance": k} if instances > 1 else block)
-        round_s.append(time.monotonic() - started_round)
+        return time.monotonic() - started_round, overhead
+
+    for r in redo:  # the rounds a transient cause spoiled, on their own prompt sets and sizes
+        round_s[r], overheads[r] = await measure_round(r, sizes[r])
+        decisions.append(f"round {r} measured again: a transient cause (the host's) spoiled its blocks")
+    while again is None and r < rounds.max_rounds:
+        n = inputs[arms[0]].n_requests * growth
+        seconds, overhead = await measure_round(r, n)
+        round_s.append(seconds)
         sizes.append(n)
         overheads.append(overhead)
         r += 1
@@ -327,22 +362,36 @@ async def _measure_blocks(
         if rec is not reference:
             servers.freeze(rec)
     servers.thaw(reference)
+    results = level_results()
     ref_inputs = inputs[arms[0]]
-    referrals = await refer_level(arms[0], repeats, ref_inputs.req, ref_inputs.prompts.repeats, reference.base_url)
+    measured_repeats = {arm: res.repeats for arm, res in results.items()}
+    referrals = await refer_level(
+        arms[0], measured_repeats, ref_inputs.req, ref_inputs.prompts.repeats, reference.base_url
+    )
     for rec in recs.values():
         servers.thaw(rec)
     precision = None
     if rounds.target is not None:
         precision = {
             "target": rounds.target,
-            "rounds": r,
+            "rounds": len(sizes),
             "block_requests": sizes,
             "round_s": round_s,
             "round_overhead_s": overheads,
             "decisions": decisions,
         }
     used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
-    return _Measured(level_results(), used, infos, blocks, level_s, precision, referrals)
+    return _Measured(results, used, infos, blocks, level_s, precision, referrals, sizes, round_s, overheads, decisions)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt at a level: every arm's records and summary (unwritten), and what was measured."""
+
+    records: dict[str, pd.DataFrame]
+    summaries: dict[str, dict[str, Any]]
+    measured: _Measured
+    rounds_again: tuple[int, ...] = ()  # the earlier attempt's rounds this one measured anew (none: all its own)
 
 
 def _measure_once(
@@ -352,8 +401,9 @@ def _measure_once(
     rounds: Rounds,
     instances: int,
     concurrency: int,
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """One attempt at the level: every arm's records and summary (unwritten)."""
+    again: tuple[_Measured, tuple[int, ...]] | None = None,
+) -> _Attempt:
+    """One attempt at the level (with `again`: an earlier attempt with some of its rounds measured anew)."""
     first = next(iter(cells.values()))
     slots = instance_cells(cells, instances)
     labels = {slot: c.label for slot, c in slots.items()}
@@ -370,8 +420,8 @@ def _measure_once(
     with servers.acquire_group(state_dir, makers, first.host, first.variant.get("port"), labels, logs) as recs:
         ready_s = time.monotonic() - t_ask
         with pinned(first.plan.client):
-            m = asyncio.run(_measure_blocks(cells, recs, rounds, instances, concurrency, pairing))
-    n_rounds = len({b["repeat"] for b in m.blocks})
+            m = asyncio.run(_measure_blocks(cells, recs, rounds, instances, concurrency, pairing, again))
+    n_rounds = len(m.sizes)
     pairing = {**pairing, "order": block_order(centred(list(cells)), n_rounds), "blocks": m.blocks}
     if instances > 1:
         pairing["instances"] = instances
@@ -397,7 +447,7 @@ def _measure_once(
                 for k in range(1, instances + 1)
             ]
         records[arm] = m.results[arm].records
-    return records, summaries
+    return _Attempt(records, summaries, m, again[1] if again is not None else ())
 
 
 def level_rounds(spec: dict[str, Any], repeats: int, rule: RoundRule | None) -> Rounds:
@@ -442,7 +492,7 @@ def run_level(
     server_log_dir: Path,
     startup_timeout_s: float | None = None,
     rule: RoundRule | None = None,
-    may_retry: Callable[[], bool] | None = None,
+    may_retry: Callable[[float], bool] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Measure the level in every arm of `specs` (arm -> cell spec, the reference arm first) and write each
     arm's cell into `out_dirs[arm]`; returns arm -> summary.
@@ -453,10 +503,12 @@ def run_level(
 
     The level heals as a cell does (`specsweep.measure.heal`): an attempt in which a cell is invalid for transient
     causes only (the host's doing; a drift inside the level is a flag, not such a cause) is kept under each cell's
-    `attempts/<n>/` and the whole level measured again, up to the workflow's `cell_attempts`; each summary's
-    `attempts` block says which attempt counts and why the others did not. `may_retry` (the run's budget,
-    `measure/budget.py`): whether another attempt may start; where it says no, the last attempt counts, saying
-    why."""
+    `attempts/<n>/` and measured again, up to the workflow's `cell_attempts`: only the rounds those causes name
+    (every arm's block of each, on the round's own prompt set and block size, the other rounds kept), the whole
+    level where a cause names no round or every round; each summary's `attempts` block says which attempt counts,
+    which rounds each measured again and why. `may_retry(seconds)` (the run's budget, `measure/budget.py`):
+    whether another attempt, expected to take that long, may start; where it says no, the last attempt counts,
+    saying why."""
     concurrency, repeats, instances = check_specs(specs)
     rounds = level_rounds(next(iter(specs.values())), repeats, rule)
     cells = {arm: prepare_cell(spec, env_json, startup_timeout_s) for arm, spec in specs.items()}
@@ -464,34 +516,47 @@ def run_level(
     judging = gates or defaults("gates")
     for d in out_dirs.values():  # a new measurement of the level replaces the old one's attempts
         shutil.rmtree(d / "attempts", ignore_errors=True)
-    Level = tuple[dict[str, Any], dict[str, dict[str, Any]]]
+    # what the next attempt measures: the last attempt's rounds that a transient cause spoiled (None: the level),
+    # and the seconds those took (what measuring them again is expected to cost)
+    next_again: list[tuple[_Measured, tuple[int, ...]] | None] = [None]
+    next_cost_s = [0.0]
 
-    def measure_once(n: int) -> Level:
-        return _measure_once(cells, state_dir, server_log_dir, rounds, instances, concurrency)
+    def measure_once(n: int) -> _Attempt:
+        return _measure_once(cells, state_dir, server_log_dir, rounds, instances, concurrency, next_again[0])
 
-    def judge(level: Level) -> dict[str, Any]:
-        """The level's verdict: every arm's reasons, named by arm (valid only if every cell is)."""
-        records, summaries = level
-        verdicts = {arm: judged(jsonable(summaries[arm]), records[arm], judging)["validity"] for arm in cells}
+    def judge(level: _Attempt) -> dict[str, Any]:
+        """The level's verdict: every arm's reasons, named by arm (valid only if every cell is). Where every
+        reason is the host's doing in some of its rounds, not all, the next attempt measures those again."""
+        verdicts = {
+            arm: judged(jsonable(level.summaries[arm]), level.records[arm], judging)["validity"] for arm in cells
+        }
         reasons = [f"[{arm}] {r}" for arm, v in verdicts.items() for r in v["reasons"]]
-        return {"valid": all(v["valid"] for v in verdicts.values()), "reasons": reasons}
+        spoiled = heal.transient_rounds(reasons)
+        partial = spoiled is not None and len(spoiled) < len(level.measured.sizes)
+        next_again[0] = (level.measured, spoiled) if partial and spoiled else None
+        redo = spoiled if partial and spoiled else range(len(level.measured.round_s))
+        next_cost_s[0] = sum(level.measured.round_s[r] for r in redo)
+        out: dict[str, Any] = {"valid": all(v["valid"] for v in verdicts.values()), "reasons": reasons}
+        if level.rounds_again:
+            out["rounds_measured"] = list(level.rounds_again)
+        return out
 
-    def keep(n: int, level: Level) -> str:
-        records, summaries = level
+    def keep(n: int, level: _Attempt) -> str:
         for arm in cells:
-            write_cell(out_dirs[arm] / "attempts" / str(n), records[arm], summaries[arm])
+            write_cell(out_dirs[arm] / "attempts" / str(n), level.records[arm], level.summaries[arm])
         return f"attempts/{n}"
 
     def quiet(n: int) -> dict[str, Any]:
         return heal.wait_for_quiet(cells[next(iter(cells))].plan.watched, judging["max_foreign_cpu_share"])
 
-    done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet, may_retry)
-    records, summaries = done.result
+    retry = (lambda: may_retry(next_cost_s[0])) if may_retry is not None else None
+    done = heal.measure_until_valid(measure_once, judge, attempts, keep, quiet, retry)
+    level = done.result
     for arm in cells:
         if len(done.log) > 1 or done.log[-1].get("not_again"):  # measured again, or kept where it was not
-            summaries[arm]["attempts"] = done.as_dict()
-        write_cell(out_dirs[arm], records[arm], summaries[arm])
-    return summaries
+            level.summaries[arm]["attempts"] = done.as_dict()
+        write_cell(out_dirs[arm], level.records[arm], level.summaries[arm])
+    return level.summaries
 
 
 def out_dirs(specs: dict[str, Any], out_root: Path, level: str, reference_of: str | None) -> dict[str, Path]:

@@ -347,6 +347,9 @@ class AttemptLog(Record):
     attempt: int = Field(description="its number, from 1")
     valid: bool = Field(description="its validity under the gates")
     reasons: list[str] = Field(description="why it was invalid")
+    rounds_measured: list[int] | None = Field(
+        None, description="an interleaved level's rounds this attempt measured anew, the earlier attempt's others kept"
+    )
 
 
 class Attempts(Record):

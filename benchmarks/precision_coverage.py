@@ -254,10 +254,11 @@ def main() -> None:
         help="the scenarios' levels of a sweep share this many seconds of measuring (budget.run_s less its 15%% "
         "for the jobs after measuring), each taking its share as the pipeline does (measure/budget.py)",
     )
-    ap.add_argument("--smoke", action="store_true", help="10 sweeps: the script runs (the pipeline tier)")
+    ap.add_argument("--smoke", action="store_true", help="10 budgeted sweeps: the script runs (the pipeline tier)")
     args = ap.parse_args()
-    if args.smoke:
+    if args.smoke:  # the budgeted path too: it runs every level's rule, and the run's shares besides
         args.sweeps = 10
+        args.run_budget_s = args.run_budget_s or 300.0
     rng = np.random.default_rng(args.seed)
     margin = args.decide_margin if args.decide_margin >= 0 else None
     rows: list[tuple[str, float, float, float, float, float, float]] = []

@@ -86,3 +86,48 @@ def test_the_segment_rule_adds_a_pair_until_the_answer_is_known(tmp_path: Path) 
     p = row["precision"]
     assert (p["unit"], p["rounds"], p["target"]) == ("instance", 3, 0.001), p
     assert p["budget_spent"] and not p["met"] and (p["rounds_for_target"] is None or p["rounds_for_target"] > 3), p
+
+
+def test_another_pair_starts_only_where_the_run_budget_has_room_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under budget.run_s a sequential level's next instance pair (GPU time: each arm's server start, the longest
+    any of its instance cells waited, and its closed loops at the level) starts only where it fits in the
+    measuring seconds left; otherwise the level stops at its pairs, the answer saying why (the budget spent)."""
+    import argparse
+    import time
+
+    from specsweep.cli import segment_need
+    from specsweep.measure.budget import BUDGET_ENV, RunBudget
+    from specsweep.measure.interleave import BUDGET_SPENT
+    from specsweep.measure.segments import pair_seconds
+
+    for i, (arm, k) in enumerate(SEGMENTS):
+        instance_cell(tmp_path, arm, k, 1.0 if arm == "baseline" else 0.8, 1000.0 + 100 * i, seed=i)
+        path = tmp_path / arm / "c4" / "instances" / f"i{k}" / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["server"]["ready_after_s"] = 300.0 if k == 1 else 1.0  # the first instance started its server
+        summary["measured_s"] = 50.0
+        path.write_text(json.dumps(summary))
+    arms = ["baseline", "eagle3"]
+    assert pair_seconds(tmp_path, "c4", arms, 2) == pytest.approx(2 * (300.0 + 50.0))
+
+    def ask(run_s: float | None) -> dict:
+        out = tmp_path / f"after-{run_s}.json"
+        if run_s is None:
+            monkeypatch.delenv(BUDGET_ENV, raising=False)
+        else:
+            monkeypatch.setenv(BUDGET_ENV, RunBudget(run_s, time.time(), 4, str(tmp_path / "ledger.jsonl")).to_env())
+        args = argparse.Namespace(
+            variant_root=tmp_path, level="c4", arms=arms, instances=2, target=0.001, max_instances=3,
+            decide_margin=None, out=out,
+        )  # fmt: skip
+        assert segment_need.run(args) == 0
+        return json.loads(out.read_text())
+
+    roomy = ask(2000.0)  # 85% of it, 1700 s, left for measuring: a 700-s pair fits
+    assert roomy["more"] and roomy["decision"].endswith("> +-0.1%"), roomy
+    tight = ask(600.0)  # 510 s left
+    assert not tight["more"] and tight["decision"].startswith(f"{BUDGET_SPENT} run budget 600 s"), tight
+    assert "another instance pair (~700 s, its servers' starts included) does not fit" in tight["decision"], tight
+    assert ask(None)["more"]  # no budget (the env unset): the rule alone

@@ -1,5 +1,6 @@
 """`specsweep segment-need`: after a sequential level's first N instance pairs, is its answer known, or does it
-measure another pair (precision.max_instances)? Writes the answer (a `SegmentDecision`) for the DAG's checkpoint."""
+measure another pair (precision.max_instances, and within the run's budget, budget.run_s)? Writes the answer (a
+`SegmentDecision`) for the DAG's checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 from specsweep.io import atomic_write_json
+from specsweep.measure import budget as run_budget
+from specsweep.measure.segments import pair_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"no answer: an instance's cell is missing ({e.filename}); rerun its instance cell", file=sys.stderr)
         return 1
+    budget = run_budget.RunBudget.from_env()
+    if budget is not None and answer.more:  # GPU time: another pair only where the run's budget has room for it
+        answer = run_budget.bound_pair(
+            answer, budget, pair_seconds(args.variant_root, args.level, args.arms, args.instances)
+        )
     atomic_write_json(args.out, answer.model_dump())
     print(f"{args.level} after {args.instances} instance pairs: {answer.decision}")
     return 0

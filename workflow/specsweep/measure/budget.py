@@ -15,6 +15,10 @@ give no interval), so a budget below that overruns, and the run's final lines sa
 level's spoiled rounds again (`measure/heal.py`) starts within the level's share, or past it where the run has
 room (`room_for`: the levels after it projected at what those done took).
 
+A sequential (GPU) variant's levels measure their `pairing.instances` pairs, then the segment rule asks for another
+pair where a level's answer is not known; under the budget a pair starts only where its GPU time (its servers'
+starts and closed loops, estimated from the pairs measured) fits in the measuring seconds left (`bound_pair`).
+
 The ledger (`<results>/<experiment>/budget/<run>.jsonl`, one line per level done) counts the levels this run has
 measured, so a level knows how many remain after it.
 """
@@ -26,6 +30,9 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from specsweep.measure.rounds import BUDGET_SPENT
+from specsweep.records import SegmentDecision
 
 BUDGET_ENV = "SPECSWEEP_RUN_BUDGET"
 AFTER_MEASURING_SHARE = 0.15  # of the run's budget, kept for the jobs after the last level (analysis, MLflow, plots)
@@ -74,7 +81,7 @@ def done_levels(budget: RunBudget) -> list[dict]:
 def allowance(budget: RunBudget, share: float = 1.0, now: float | None = None) -> Allowance:
     """This level's part (`share`: 1, or POLICY_LEVEL_SHARE) of what is left of the run's measuring seconds."""
     now = time.time() if now is None else now
-    left = budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
+    left = measuring_left(budget, now)
     done = sum(float(d.get("share", 1.0)) for d in done_levels(budget))
     remaining = max(share, budget.levels - done)
     return Allowance(left * share / remaining, left, remaining)
@@ -92,9 +99,32 @@ def room_for(budget: RunBudget, seconds: float, share: float = 1.0, now: float |
     if not done or spent_shares <= 0:
         return False
     per_share = sum(float(d["seconds"]) for d in done) / spent_shares
-    left = budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
+    left = measuring_left(budget, now)
     after = max(0.0, budget.levels - spent_shares - share)
     return seconds + after * per_share <= left
+
+
+def measuring_left(budget: RunBudget, now: float | None = None) -> float:
+    """The run's measuring seconds left: its seconds less the share kept for the jobs after measuring, less what
+    has passed."""
+    now = time.time() if now is None else now
+    return budget.run_s * (1 - AFTER_MEASURING_SHARE) - (now - budget.started_unix)
+
+
+def bound_pair(answer: SegmentDecision, budget: RunBudget, pair_s: float, now: float | None = None) -> SegmentDecision:
+    """The segment rule's answer within the run's budget: another instance pair at a sequential level (GPU time:
+    its servers' starts and its closed loops, `segments.pair_seconds`) only where it fits in the measuring
+    seconds left; otherwise the level stops at the pairs it has, saying so (its notes then say its budget was
+    spent and the pairs its spread implies). Pairs go, in the order the checkpoints ask, only to levels whose
+    answer is not yet known: the rule asks for none where the target is met or the verdict decided."""
+    left = measuring_left(budget, now)
+    if not answer.more or pair_s <= left:
+        return answer
+    why = (
+        f"{BUDGET_SPENT} run budget {budget.run_s:.0f} s: another instance pair (~{pair_s:.0f} s, its servers' "
+        f"starts included) does not fit the {max(0.0, left):.0f} s of measuring left ({answer.decision})"
+    )
+    return answer.model_copy(update={"more": False, "decision": why})
 
 
 def record_level(budget: RunBudget, level: str, seconds: float, rounds: int | None, share: float = 1.0) -> None:

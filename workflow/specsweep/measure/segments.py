@@ -119,3 +119,18 @@ def merge_level(
         write_cell(variant_root / arm / level, records, jsonable(summary))
         out[arm] = summary
     return out
+
+
+def pair_seconds(variant_root: Path, level: str, arms: list[str], instances: int) -> float:
+    """What one more instance pair at a sequential level is expected to take: for each arm, a server start (the
+    longest any of its instance cells waited for its server, at any level: a new instance starts one) and its
+    last instance's closed loops at this level (`measured_s`)."""
+    total = 0.0
+    for arm in arms:
+        waits = [
+            float((read_summary(p).get("server") or {}).get("ready_after_s") or 0.0)
+            for p in (variant_root / arm).glob("c*/instances/i*/summary.json")
+        ]
+        last = read_summary(instance_dir(variant_root / arm / level, instances) / "summary.json")
+        total += max(waits, default=0.0) + float(last.get("measured_s") or 0.0)
+    return total

@@ -62,21 +62,17 @@ def test_a_retry_past_the_levels_share_starts_where_the_run_has_room_for_it(tmp_
     assert room_for(b, 10.0, share=0.5, now=400.0) and not room_for(b, 10.0, now=830.0)
 
 
-def test_the_rule_sees_the_seconds_left_of_its_jobs_share() -> None:
-    """The share is a deadline for the level's job (its servers' start counts too): at each look, what its rounds
-    spent plus what is left until then is the level's max_level_s, where that is less than its own."""
-    now = [1000.0]
+def test_the_rule_bounds_the_levels_rounds_by_its_share() -> None:
+    """The share bounds the level's rounds (its max_level_s, where less than its own), not its servers' start:
+    that is the run's cost, off the run's clock and so off every later level's share."""
     settings = PrecisionSettings.from_config(
         {"target": 0.05, "min_rounds": 3, "max_rounds": 40, "max_level_s": 420, "max_block_growth": 8}
     )
-    rule = LevelRule(settings, deadline_unix=1100.0, clock=lambda: now[0])
-    st = rule.settings_now(spent_s=40.0)
+    st = LevelRule(settings, share_s=140.0).settings_now()
     assert (st.max_level_s, st.level_s_from) == (140.0, "run budget")
-    now[0] = 1200.0  # past it: the rounds already spent are all the level gets
-    assert rule.settings_now(spent_s=60.0).max_level_s == 60.0
-    loose = LevelRule(settings, deadline_unix=5000.0, clock=lambda: now[0])
-    assert loose.settings_now(spent_s=40.0) is settings  # the level's own budget binds first
-    assert LevelRule(settings).settings_now(spent_s=40.0) is settings
+    assert LevelRule(settings, share_s=-30.0).settings_now().max_level_s == 0.0  # spent: its min_rounds only
+    assert LevelRule(settings, share_s=5000.0).settings_now() is settings  # the level's own budget binds first
+    assert LevelRule(settings).settings_now() is settings
 
 
 def test_the_run_says_how_it_spent_its_budget(tmp_path: Path) -> None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -464,25 +462,23 @@ class LevelRule:
     level's throughput (the reference arm against each other arm, the widest deciding) from the records so far,
     by the same bootstrap and paired t as the analysis (`paired_estimates`)."""
 
-    def __init__(
-        self,
-        settings: PrecisionSettings,
-        metric: str = THROUGHPUT,
-        deadline_unix: float | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, settings: PrecisionSettings, metric: str = THROUGHPUT, share_s: float | None = None) -> None:
         self.settings = settings
         self.metric = next(m for m in METRICS if m.name == metric)
-        self.deadline_unix = deadline_unix  # the run budget's share of this level job ends here (servers included)
-        self.clock = clock
+        # the run budget's share for this level's rounds (measure/budget.py); None: no run budget
+        self.share_s = share_s
 
-    def settings_now(self, spent_s: float) -> PrecisionSettings:
-        """The settings at this look: under a run budget, the level's seconds are what its rounds have spent and
-        what is left of its job's share, where that is less than its own max_level_s."""
+    def settings_now(self) -> PrecisionSettings:
+        """The settings the level is judged with: under a run budget, its rounds' seconds are its share of the
+        run where that is less than its own max_level_s. The share bounds the rounds, not the job: the servers'
+        start is a cost of the run (the first level's job starts the servers every later level reuses), and it
+        comes off the run's clock, so off every later level's share, not all off the first level's (the vLLM
+        example's first level spent 100 of its 153 s starting three servers and stopped at +-21%, the run ending
+        at 538 s of its 1200)."""
         st = self.settings
-        if self.deadline_unix is None:
+        if self.share_s is None:
             return st
-        share = spent_s + max(0.0, self.deadline_unix - self.clock())
+        share = max(0.0, self.share_s)
         if st.max_level_s is not None and st.max_level_s <= share:
             return st
         return dataclasses.replace(st, max_level_s=share, level_s_from="run budget")
@@ -492,7 +488,7 @@ class LevelRule:
         estimates = paired_estimates(cells, progress.concurrency, progress.reference_arm, self.metric.name)
         widest = widest_estimate(estimates, self.settings.confidence)
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
-        st = self.settings_now(sum(progress.round_s))
+        st = self.settings_now()
         decided = verdict_decided(estimates, st.decide_margin, st.confidence, st.looks)
         return next_step(widest, st, cost, progress.growth, progress.max_growth, decided)
 

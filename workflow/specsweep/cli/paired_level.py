@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     budget = run_budget.RunBudget.from_env()
     share = run_budget.POLICY_LEVEL_SHARE if args.reference_of else 1.0
     allowed = run_budget.allowance(budget, share) if budget is not None else None
-    # under a run budget the level job's share ends at a deadline: its servers' start counts against it too
+    # under a run budget the level's rounds get its share (`LevelRule.settings_now`); an attempt at its spoiled
+    # rounds starts before this deadline (its servers' start counted) or where the run has room for it
     deadline = time.time() + allowed.seconds if allowed is not None else None
     if allowed is not None:
         print(allowed.text(), file=sys.stderr)
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         from specsweep.analysis.precision import LevelRule, PrecisionSettings
 
         instances = int(first.get("pairing", {}).get("instances") or 1)
-        rule = LevelRule(PrecisionSettings.from_config(first["precision"], instances), deadline_unix=deadline)
+        settings = PrecisionSettings.from_config(first["precision"], instances)
+        rule = LevelRule(settings, share_s=allowed.seconds if allowed is not None else None)
     try:
         out = run_level(
             specs,

@@ -1,19 +1,20 @@
 """The run's budget (`budget.run_s`): how many seconds of it a level may still spend.
 
-Why: each level's own budget (`precision.max_level_s`, `max_rounds`) bounds that level, and nothing bounds the
-run; on a host that will not sit still every level spent its own and the vLLM example ran past 40 minutes. With a
-budget for the run, the workflow starts a clock when it starts executing jobs (`Snakefile` `onstart`: the time
-left and the levels still to measure, through the environment, not a rule param, so that a budget change
-re-measures nothing) and each measuring job asks, before its level, what is left:
-the run's seconds less the share kept for what follows the measuring (analysis, MLflow), less what has passed,
-spread over the levels not yet measured, this one included: a fixed arms' level one share, a policy level half of
-one (its proof is of a schedule the fixed arms already decided, and where the schedule is one K no policy level
-runs at all). The share ends at a deadline, so the level's server starts count against it. A level that stops
-early (its target met, its verdict known) leaves its seconds to the levels after it: the added levels inside the
-crossover interval and the policy levels, which come last. A level still measures its `min_rounds` (fewer rounds
-give no interval), so a budget below that overruns, and the run's final lines say by how much. Measuring a
-level's spoiled rounds again (`measure/heal.py`) starts within the level's share, or past it where the run has
-room (`room_for`: the levels after it projected at what those done took).
+Why: each level's own budget (`precision.max_level_s`, `max_rounds`) bounds that level, and nothing bounds the run;
+on a host that will not sit still every level spent its own and the vLLM example ran past 40 minutes. With a budget
+for the run, the workflow starts a clock when it starts executing jobs (`Snakefile` `onstart`: the time left and the
+levels still to measure, through the environment, not a rule param, so that a budget change re-measures nothing) and
+each measuring job asks, before its level, what is left: the run's seconds less the share kept for what follows the
+measuring (analysis, MLflow), less what has passed, spread over the levels not yet measured, this one included: a
+fixed arms' level one share, a policy level half of one (its proof is of a schedule the fixed arms already decided,
+and where the schedule is one K no policy level runs at all). The share bounds the level's rounds
+(`analysis.precision.LevelRule`): the servers' start is the run's cost (the first level's job starts the servers the
+later levels reuse), off the run's clock and so off every later share. A level that stops early (its target met, its
+verdict known) leaves its seconds to the levels after it: the added levels inside the crossover interval and the
+policy levels, which come last. A level still measures its `min_rounds` (fewer rounds give no interval), so a budget
+below that overruns, and the run's final lines say by how much. Measuring a level's spoiled rounds again
+(`measure/heal.py`) starts within the level's share, or past it where the run has room (`room_for`: the levels after
+it projected at what those done took).
 
 A sequential (GPU) variant's levels measure their `pairing.instances` pairs, then the segment rule asks for another
 pair where a level's answer is not known; under the budget a pair starts only where its GPU time (its servers'

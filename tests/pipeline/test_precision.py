@@ -82,7 +82,7 @@ def test_levels_measured_until_their_answer_is_known(tmp_path: Path, no_leftover
         if p["decided"]:  # stopped short of the target on its verdict: named as such, its interval outside 1 +- 2%
             assert log["decisions"][-1].startswith("verdict decided") and not p["met"], log
             assert lo > 1.0 or hi < 1.0, row
-            assert any("stopped with their verdict known" in x for x in notes), notes
+            assert any("stopped short of it with their verdict known" in x for x in notes), notes
         elif not p["met"]:  # said, never shown as met
             short = [x for x in notes if x.startswith("precision: C=") and " short of the target " in x]
             assert len(short) == 1, notes  # one line per arm, listing the levels and the widest

@@ -269,6 +269,11 @@ def test_decided_levels_are_named_apart_from_short_ones() -> None:
         "C",
     )
     assert notes == [
-        "precision: every level within its target (+-5%, 95%); C=250 stopped with their verdict known "
+        "precision: C=1 within the target (+-5%, 95%); C=250 stopped short of it with their verdict known "
+        "(outside 1 +- the decide margin)"
+    ]  # never "every level within its target" where the table's +- says one is not
+    only = precision_notes([{"concurrency": 250, "precision": p(0.07, False, True)}], "C")
+    assert only == [
+        "precision: no level within the target (+-5%, 95%); C=250 stopped short of it with their verdict known "
         "(outside 1 +- the decide margin)"
     ]

@@ -559,15 +559,23 @@ def precision_notes(per_level: list[dict[str, Any]], symbol: str) -> list[str]:
     if not measured:
         return []
     short = [(c, p) for c, p in measured if not p["met"] and not p.get("decided")]
-    decided = [c for c, p in measured if p.get("decided")]
+    # stopped on their verdict short of the target: their intervals are wider than it, and the note says so
+    decided = [c for c, p in measured if p.get("decided") and not p["met"]]
     targets = sorted({p["target"] for _, p in measured})
     known = (
-        f"; {symbol}={levels_text(decided)} stopped with their verdict known (outside 1 +- the decide margin)"
+        f"; {symbol}={levels_text(decided)} stopped short of it with their verdict known (outside 1 +- the "
+        "decide margin)"
         if decided
         else ""
     )
     if not short:
-        return [f"precision: every level within its target (+-{targets[-1]:.0%}, 95%){known}"]
+        met = [c for c, p in measured if p["met"]]
+        goal = f"+-{targets[-1]:.0%}, 95%"
+        if not decided:
+            return [f"precision: every level within its target ({goal})"]
+        if not met:
+            return [f"precision: no level within the target ({goal}){known}"]
+        return [f"precision: {symbol}={levels_text(met)} within the target ({goal}){known}"]
     target = "/".join(f"+-{t:.0%}" for t in sorted({p["target"] for _, p in short}))
     # the widest first: a level with no interval at all is wider than any
     c, p = max(short, key=lambda cp: math.inf if cp[1]["half_width"] is None else cp[1]["half_width"])

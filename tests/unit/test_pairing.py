@@ -482,10 +482,11 @@ def test_a_round_measured_again_replaces_that_round_and_keeps_the_others(monkeyp
         return inputs, {arm: {} for arm in cells}
 
     monkeypatch.setattr(interleave, "_inputs_and_infos", level_inputs)
-    first = asyncio.run(interleave._measure_blocks(cells, recs, Rounds(4, 4), 1, 2, {}))  # type: ignore[arg-type]
+    rounds = Rounds(4, 4, target=0.05)
+    first = asyncio.run(interleave._measure_blocks(cells, recs, rounds, 1, 2, {}))  # type: ignore[arg-type]
     assert len(calls) == 8 and [b["repeat"] for b in first.blocks] == [0, 0, 1, 1, 2, 2, 3, 3]
     calls.clear()
-    again = asyncio.run(interleave._measure_blocks(cells, recs, Rounds(4, 4), 1, 2, {}, (first, (1,))))  # type: ignore[arg-type]
+    again = asyncio.run(interleave._measure_blocks(cells, recs, rounds, 1, 2, {}, (first, (1,))))  # type: ignore[arg-type]
     assert calls == [("http://b", 1, 5), ("http://a", 1, 5)]  # round 1's order (B A), set and size
     for arm in cells:
         before, after = first.results[arm].repeats, again.results[arm].repeats
@@ -495,3 +496,6 @@ def test_a_round_measured_again_replaces_that_round_and_keeps_the_others(monkeyp
     assert sorted(b["repeat"] for b in again.blocks) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [b["repeat"] for b in again.blocks[-2:]] == [1, 1]  # measured last
     assert again.sizes == first.sizes and len(again.round_s) == 4
+    # the rule's decisions, one per round, the last why the level stopped: the attempts log names the rounds
+    assert again.decisions == first.decisions and first.decisions[-1] == "budget spent: max_rounds 4"
+    assert again.precision is not None and again.precision["rounds"] == 4

@@ -308,9 +308,10 @@ async def _measure_blocks(
             blocks.append({**block, "instance": k} if instances > 1 else block)
         return time.monotonic() - started_round, overhead
 
-    for r in redo:  # the rounds a transient cause spoiled, on their own prompt sets and sizes
+    # the rounds a transient cause spoiled, on their own prompt sets and sizes; the rule's decisions stay one per
+    # round (the last says why the level stopped), and the attempts log names the rounds measured again
+    for r in redo:
         round_s[r], overheads[r] = await measure_round(r, sizes[r])
-        decisions.append(f"round {r} measured again: a transient cause (the host's) spoiled its blocks")
     while again is None and r < rounds.max_rounds:
         n = inputs[arms[0]].n_requests * growth
         seconds, overhead = await measure_round(r, n)

@@ -41,8 +41,8 @@ TRANSIENT_PREFIXES = (
 # the client's own load: measuring again may pass, waiting does not help).
 OTHER_WORK_PREFIXES = ("machine busy:", "client starved:")
 DRIFT_PREFIX = "drift:"
-_REPEAT = re.compile(r"^(?:\[[^\]]+\] )?(?:repeat \d+: )?")  # an interleaved level's reasons start with [arm]
-_ROUND = re.compile(r"^(?:\[[^\]]+\] )?repeat (\d+): ")  # the round (repeat) a reason names, where it names one
+# a reason's prefix: an interleaved level's [arm], then the round (repeat) it names, where it names one
+_REPEAT = re.compile(r"^(?:\[[^\]]+\] )?(?:repeat (\d+): )?")
 JUDGE_ENV = "SPECSWEEP_CELL_JUDGE"  # {"gates": ..., "attempts": N}: set by the Snakefile for the cell jobs
 
 
@@ -71,10 +71,10 @@ def transient_rounds(reasons: list[str]) -> tuple[int, ...] | None:
     is transient and names its round (None: a cause that is not the host's, or one of the whole level)."""
     if not transient_only(reasons):
         return None
-    found = [_ROUND.match(r) for r in reasons]
-    if not all(found):
+    rounds = [m.group(1) for m in map(_REPEAT.match, reasons) if m]
+    if len(rounds) < len(reasons) or None in rounds:
         return None
-    return tuple(sorted({int(m.group(1)) for m in found if m}))
+    return tuple(sorted({int(r) for r in rounds}))
 
 
 @dataclass

@@ -532,11 +532,11 @@ def run_level(
             arm: judged(jsonable(level.summaries[arm]), level.records[arm], judging)["validity"] for arm in cells
         }
         reasons = [f"[{arm}] {r}" for arm, v in verdicts.items() for r in v["reasons"]]
-        spoiled = heal.transient_rounds(reasons)
-        partial = spoiled is not None and len(spoiled) < len(level.measured.sizes)
-        next_again[0] = (level.measured, spoiled) if partial and spoiled else None
-        redo = spoiled if partial and spoiled else range(len(level.measured.round_s))
-        next_cost_s[0] = sum(level.measured.round_s[r] for r in redo)
+        spoiled = heal.transient_rounds(reasons) or ()
+        if len(spoiled) == len(level.measured.sizes):  # every round: the level again, as where none is named
+            spoiled = ()
+        next_again[0] = (level.measured, spoiled) if spoiled else None
+        next_cost_s[0] = sum(level.measured.round_s[r] for r in spoiled or range(len(level.measured.round_s)))
         out: dict[str, Any] = {"valid": all(v["valid"] for v in verdicts.values()), "reasons": reasons}
         if level.rounds_again:
             out["rounds_measured"] = list(level.rounds_again)

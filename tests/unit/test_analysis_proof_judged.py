@@ -168,27 +168,70 @@ class IgnoresSchedule(Engine):
 
 def test_the_k_served_comes_from_the_engines_counters() -> None:
     p = load_profile("demo")  # K=3
-    sched = [(1, 8, 3), (9, 1024, 0)]
-    fixed = _closed_loop(Engine(p, True), 10, 30)  # the K=3 arm at C=10: what serving K=3 looks like
-    applied = _closed_loop(Engine(p, True, schedule=sched), 10, 30)
-    ignored = _closed_loop(IgnoresSchedule(p, True, schedule=sched), 10, 30)
+    sched = [[1, 8, 3], [9, 1024, 0]]
+    fixed = _closed_loop(Engine(p, True), 16, 48)  # the K=3 arm at C=16: what serving K=3 looks like
+    applied = _closed_loop(Engine(p, True, schedule=sched), 16, 48)
+    ignored = _closed_loop(IgnoresSchedule(p, True, schedule=sched), 16, 48)
     # the drain below 9 running requests drafted at K=3 even where the schedule is applied: the counters' ratio
     # alone (3) would call it K=3; per decode step it is K=0's
-    ok = served_k_of(applied, 0, "vllm", {3: fixed})
+    ok = served_k_of(applied, sched, 16, "vllm", {3: fixed})
     assert ok["drafts"] > 0 and ok["while_drafting"] == pytest.approx(3.0) and ok["drafting_share"] < 0.5
     assert ok["served"] == 0 and ok["applied"] is True, ok
-    bad = served_k_of(ignored, 0, "vllm", {3: fixed})
+    bad = served_k_of(ignored, sched, 16, "vllm", {3: fixed})
     assert bad["served"] == 3 and bad["applied"] is False and bad["drafting_share"] > 0.9, bad
     assert bad["references"]["3"]["source"] == "its fixed arm at this level"
     # speculation switched off (vLLM with data parallel > 1): no draft where K=3 is scheduled
     off = _closed_loop(Engine(p, False), 4, 12)
     off["metrics"]["spec_counters"] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
-    none = served_k_of(off, 3, "vllm", {3: None})
+    none = served_k_of(off, sched, 4, "vllm", {3: None})
     assert none["served"] == 0 and none["applied"] is False and "no decode step drafted" in none["note"]
     assert none["references"]["3"]["source"].startswith("nominal")
     # applied at a K=3 level
-    at4 = served_k_of(_closed_loop(Engine(p, True, schedule=sched), 4, 12), 3, "sim", {3: None})
+    at4 = served_k_of(_closed_loop(Engine(p, True, schedule=sched), 4, 12), sched, 4, "sim", {3: None})
     assert at4["served"] == 3 and at4["applied"] is True
+
+
+def _cell_drafting(share: float, k: int = 3, output_tokens: int = 16, requests: int = 100) -> dict[str, Any]:
+    summary = {"metrics": {"output_tokens_total": output_tokens * requests, "n_ok": requests}}
+    _counters(summary, share, k)
+    return summary
+
+
+def test_a_level_whose_turnover_spans_the_switch_serves_both_ks() -> None:
+    """The demo's fused stack: the schedule switches K=3 -> 0 between batches 9 and 10, and at C=10 a closed loop's
+    finishing requests leave slots empty, so the batch runs at 9 (K=3) much of the time. Drafting at 60% of the
+    decode steps is both Ks, as scheduled, not "the engine did not apply the schedule"; drafting as often as the K=3
+    arm cannot tell a batch that sat at 9 from an engine ignoring the schedule (not resolved); at C=17, clear of
+    the switch, the same figure is a mismatch."""
+    sched, fixed = [[1, 9, 3], [10, 1024, 0]], _cell_drafting(1.0)
+    mixed = served_k_of(_cell_drafting(0.6), sched, 10, "vllm", {3: fixed})
+    assert mixed["scheduled"] == 0 and mixed["served"] == 3 and mixed["applied"] is True, mixed
+    assert mixed["turnover"]["9"] == 3 and mixed["turnover"]["10"] == 0 and "11" not in mixed["turnover"], mixed
+    assert "both Ks served as the level's turnover ran batches" in mixed["note"], mixed["note"]
+    unresolved = served_k_of(_cell_drafting(1.0), sched, 10, "vllm", {3: fixed})
+    assert unresolved["served"] is None and unresolved["applied"] is None, unresolved
+    assert unresolved["note"].startswith("served K not resolved at C=10: the level's turnover runs batches ")
+    clear = served_k_of(_cell_drafting(1.0), sched, 17, "vllm", {3: _cell_drafting(1.0)})
+    assert clear["served"] == 3 and clear["applied"] is False and clear["turnover"] is None, clear
+    # the K=3 side of the switch: a level at or below it never runs a batch above it
+    assert served_k_of(_cell_drafting(1.0), sched, 9, "vllm", {3: fixed})["applied"] is True
+
+
+def test_the_proof_names_an_unresolved_level_apart_from_a_mismatch(tmp_path: Path) -> None:
+    cells = _cells(tmp_path, {1: 1.5, 4: 1.3, 16: 0.8, 64: 0.5}, {1: 1.5, 4: 1.3, 16: 0.8, 64: 0.5})
+    for cell in [*cells["eagle3-policy"].values(), *cells["eagle3"].values()]:
+        _counters(cell.summary, 1.0, 3)
+    entry = {**_entry(30.0), "per_level": [], "schedule": [[1, 15, 3], [16, 1024, 0]], "threshold": 15}
+    proof = _proof(cells, entry, engine="vllm")
+    rows = {r["concurrency"]: r for r in proof["per_level"]}
+    assert rows[16]["status"] != "not applied" and rows[16]["served_k"]["applied"] is None
+    assert proof["not_applied_levels"] == [64]
+    assert "; C=16: whether the engine applied the schedule there is not resolved" in proof["verdict"], proof["verdict"]
+    result = {"experiment": "x", "variant": "v", "arms": {}, "bootstrap": {"confidence": 0.95}}
+    result["schedules"] = {"eagle3": entry}
+    result["policy_proof"] = {"eagle3": proof}
+    text = format_table(result)
+    assert "C=64 3/0 NOT APPLIED, C=16 not resolved (the level's turnover spans the switch)" in text, text
 
 
 def test_a_missing_served_k_is_never_a_number() -> None:
@@ -197,7 +240,7 @@ def test_a_missing_served_k_is_never_a_number() -> None:
         ({"metrics": {"spec_counters": {"num_drafts": 5, "num_draft_tokens": 15}}}, "vllm", "decode steps are unknown"),
         ({"metrics": {}}, "sglang", "SGLang reports no draft tokens"),
     ):
-        s = served_k_of(summary, 0, engine, {3: None})
+        s = served_k_of(summary, SCHEDULE, 16, engine, {3: None})
         assert s["served"] is None and s["applied"] is None and s["per_step"] is None, s
         assert s["note"].startswith("served K not reported: ") and why in s["note"], s
 

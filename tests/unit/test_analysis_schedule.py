@@ -122,7 +122,8 @@ def test_sglang_adaptive_file_follows_schedule_json(tmp_path: Path) -> None:
 
 
 def test_a_proof_row_says_whether_it_measures_the_mechanism_or_the_schedule() -> None:
-    from specsweep.analysis.proof import mechanism_cost, served_k, what_it_compares
+    from specsweep.analysis.proof import mechanism_cost, what_it_compares
+    from specsweep.analysis.served import scheduled_k as served_k
 
     schedule = [[1, 8, 3], [9, 64, 1], [65, 1024, 0]]
     assert [served_k(schedule, c) for c in (1, 8, 9, 64, 100)] == [3, 3, 1, 1, 0]

@@ -32,7 +32,7 @@ from specsweep.analysis.bootstrap import METRICS, CellBootstrap
 from specsweep.analysis.caution import caution_at, caution_text
 from specsweep.analysis.cells import Cell, load_cell
 from specsweep.analysis.paired import paired
-from specsweep.analysis.served import mismatch_text, served_k_of
+from specsweep.analysis.served import mismatch_text, scheduled_k, served_k_of
 from specsweep.analysis.settings import AnalysisSettings
 from specsweep.analysis.verdict import levels_text
 from specsweep.engines.speculation import static_k
@@ -79,14 +79,6 @@ def rounds_to_decide(ratio: float, lo: float, hi: float, floor: float, rounds: i
     if not rounds or distance <= 0 or ratio <= 0:
         return None
     return max(rounds + 1, math.ceil(rounds * (half / distance) ** 2))
-
-
-def served_k(schedule: list[list[int]] | None, level: float) -> int | None:
-    """The K the schedule serves at `level` running requests (None: no range covers it, or no schedule)."""
-    for start, end, k in schedule or []:
-        if start <= level <= end:
-            return int(k)
-    return None
 
 
 def what_it_compares(served: int | None, best_k: int | None) -> str:
@@ -187,11 +179,11 @@ def _arm_proof(
         status, decide = judge(r, floor, band, rounds)
         best = best_of.get(c)
         best_k = 0 if best == baseline else (members or {}).get(best or "")
-        scheduled = served_k(schedule, c)
+        scheduled = scheduled_k(schedule, c)
         policy_cell = cells.get(policy_arm, {}).get(c)
         fixed_cells = {k: cells.get(arm, {}).get(c) for arm, k in (members or {}).items()}
         refs = {k: None if x is None else x.summary for k, x in fixed_cells.items()}  # what serving K looks like
-        served = served_k_of(policy_cell.summary if policy_cell else None, scheduled, engine, refs)
+        served = served_k_of(policy_cell.summary if policy_cell else None, schedule, c, engine, refs)
         caution = None
         if status in ("fails", "not decided"):  # the rule's own caution is judged against what it promises
             caution = caution_at(entry, c, scheduled, best, best_k)
@@ -238,11 +230,18 @@ def _arm_proof(
         verdict = mismatch_text(
             [(r["concurrency"], r["served_k"]) for r in rows if r["status"] == "not applied"], engine
         ) + (f". Elsewhere: {verdict}" if judged else "")
-    missing = [r["concurrency"] for r in rows if r["served_k"]["served"] is None]
+    unresolved = [r for r in rows if r["served_k"]["served"] is None and r["served_k"]["turnover"]]
+    missing = [r for r in rows if r["served_k"]["served"] is None and not r["served_k"]["turnover"]]
     if missing:
         verdict += (
-            f"; C={levels_text(missing)}: {_missing_note(rows)}: whether the engine applied the schedule there is "
-            "not checked"
+            f"; C={levels_text([r['concurrency'] for r in missing])}: {missing[0]['served_k']['note']}: whether the "
+            "engine applied the schedule there is not checked"
+        )
+    if unresolved:
+        verdict += (
+            f"; C={levels_text([r['concurrency'] for r in unresolved])}: whether the engine applied the schedule "
+            "there is not resolved: the level's turnover spans a switch of the schedule (its K served: "
+            f"{unresolved[0]['served_k']['note']})"
         )
     holds = None if undecided and not failing else (not failing and len(unjudged) < len(judged))
     return {
@@ -262,10 +261,6 @@ def _arm_proof(
         "output_match_min": min(shares) if shares else None,
         "source": regret["source"],
     }
-
-
-def _missing_note(rows: list[dict[str, Any]]) -> str:
-    return next(r["served_k"]["note"] for r in rows if r["served_k"]["served"] is None)
 
 
 def _verdict(rows: list[dict[str, Any]], judged: list[dict[str, Any]], by: dict[str, list[float]], m: float) -> str:

@@ -203,7 +203,7 @@ class ServedK(Record):
     scheduled: int | None = Field(description="the K the schedule serves at the level (null: no range covers it)")
     served: int | None = Field(
         description="the K whose fixed arm at this level drafted the nearest tokens per decode step (0: none; null: "
-        "not reported: SGLang, or counters not read)"
+        "not reported: SGLang, or counters not read; or not resolved: see turnover)"
     )
     per_step: float | None = Field(description="draft tokens per decode step (null: not reported)")
     while_drafting: float | None = Field(description="draft tokens per draft (null: no draft, or not reported)")
@@ -213,7 +213,14 @@ class ServedK(Record):
     references: dict[str, Any] | None = Field(
         description="per K: the draft tokens per decode step that serving it looks like, and from where"
     )
-    applied: bool | None = Field(description="served equals scheduled (null: not reported, or nothing scheduled)")
+    turnover: dict[str, int] | None = Field(
+        description="where the K served is another K the schedule serves at the batches the level's turnover runs "
+        "(a closed loop's finishing requests leave slots empty): per batch size, its scheduled K (null: elsewhere)"
+    )
+    applied: bool | None = Field(
+        description="served equals scheduled, or both Ks of a turnover spanning a switch were served (null: not "
+        "reported, not resolved: the cell drafted as the other K alone does, or nothing scheduled)"
+    )
     note: str = Field(description="in words; `served K not reported: <why>` where it is not")
 
 

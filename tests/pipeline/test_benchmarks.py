@@ -28,6 +28,7 @@ EXPECT = {
     "output_referral.py": "swapped tokens referred where they were swapped: 8 of 8",
     "precision_coverage.py": "sequential segments: coverage of the 95% intervals",
     "repeatability.py": "tiny/sim: eagle3 vs baseline",
+    "round_cost.py": "all levels' blocks (",
     "sglang_args_newest.py": "command lines, 0 with findings",
     "sim_fidelity.py": "max |aggregate error|",
     "sim_timing.py": "drift = achieved / model - 1",
@@ -44,6 +45,7 @@ def test_benchmark_smoke(script: str, run_dir: Path) -> None:
     extra = {
         "default_run.py": ["--results", str(run_dir)],
         "repeatability.py": ["--results", str(run_dir / "results" / EXP)],
+        "round_cost.py": ["--results", str(run_dir / "results" / EXP)],
         # the engine_args tier's environment (built there first, reused here)
         "sglang_args_newest.py": ["--envs-root", str(ENVS_DIR)],
     }.get(script, [])

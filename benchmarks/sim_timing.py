@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.output_tokens,
                 first_rid=sent,
                 stagger=args.stagger,
+                fill=False,  # loadcheck's client sends no fillers
             )
             sent += n + model.ramp_requests
             cpu0, wall0 = tree_cpu(server_pid), time.monotonic()

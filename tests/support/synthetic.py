@@ -61,6 +61,7 @@ def _row(
         "prompt_index": i,
         "slot": slot,
         "ramp": ramp,
+        "filler": False,
         "scheduled_s": math.nan,  # a closed loop
         "held_s": 0.0,
         "send_s": send,

@@ -173,6 +173,7 @@ def records(sends: list[float], ends: list[float], scheduled: list[float] | None
             "error_kind": [""] * n,
             "error": [""] * n,
             "ramp": [False] * n,
+            "filler": [False] * n,
             "slot": [-1] * n,
             "scheduled_s": scheduled if scheduled is not None else [math.nan] * n,
             "held_s": [0.0] * n,

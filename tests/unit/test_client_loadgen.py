@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import pandas as pd
 import pytest
 
 from specsweep.cli import bench as bench_cli
-from specsweep.client.backends import RequestRecord, RequestSpec
+from specsweep.client.backends import ABORTED, RequestRecord, RequestSpec
 from specsweep.client.datasets import DatasetError, load_dataset
-from specsweep.client.loadgen import RECORD_COLUMNS, measure_level, ramp_length
+from specsweep.client.loadgen import RECORD_COLUMNS, measure_level, ramp_length, records_frame, run_closed_loop
 from specsweep.client.prompts import (
     level_prompts,
     make_prompts,
@@ -25,6 +26,7 @@ from specsweep.client.prompts import (
 from specsweep.config import defaults
 from specsweep.engines.common import post_flush_cache, post_reset_prefix_cache
 from specsweep.measure import bench
+from specsweep.measure.metrics import errors_summary, measured, steady_window
 from specsweep.measure.summary import read_judged, summary_body, write_cell
 from specsweep.records import MeasuredLevel, RecordError
 from tests.support.fakeserver import FlushState, fake_server
@@ -148,6 +150,37 @@ def test_cache_reset_outcomes() -> None:
     assert asyncio.run(go()) == ("unsupported", "timeout", "unsupported")
 
 
+def test_fillers_keep_every_slot_busy_until_the_last_measured_request_ends() -> None:
+    """C=2, three measured requests, the last one long: the slot whose measured requests ran out sends a filler
+    (as long), which is still running when the long one ends and is aborted then. The window runs to the last
+    measured end at 2 in flight; the aborted filler is no failure and no measured request."""
+    lengths = [8, 8, 8, 8, 100, 100, 100]  # two ramp prompts, three measured (the last long), two for fillers
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with fake_server() as url:
+            prompts = await level_prompts(2, len(lengths), repeats=1, n_warmup=0, input_tokens=8, seed=3)
+            one = dataclasses.replace(prompts.repeats[0], output_tokens=list(lengths))
+            recs = await run_closed_loop(
+                aiohttp_session := aiohttp.ClientSession(), RequestSpec(url=url), one, 8, 2, 3, stagger=True
+            )
+            await aiohttp_session.close()
+            return recs
+
+    df = records_frame(asyncio.run(go()), 0.0, 0)
+    meas, fill = df[measured(df)], df[df["filler"]]
+    assert len(meas) == 3 and meas["ok"].all() and not meas["ramp"].any()
+    assert len(fill) == 1, df[["prompt_index", "slot", "filler", "error_kind"]]
+    assert fill["error_kind"].tolist() == [ABORTED] and not fill["ok"].any()
+    last = meas["end_s"].max()
+    assert (fill["end_s"] >= last).all() and fill["output_tokens"].iloc[0] < 100  # stopped mid-answer
+    start, end = steady_window(df["send_s"], df["end_s"], 2)
+    assert end == last  # the window runs to the last measured end, no drain
+    probe = np.linspace(start, end, 50)[1:-1]
+    in_flight = [int(((df["send_s"] <= t) & (df["end_s"] > t)).sum()) for t in probe]
+    assert min(in_flight) >= 1 and np.mean(in_flight) > 1.9  # C in flight but for the reissue gaps
+    assert errors_summary(df)["count"] == 0
+
+
 def test_duration_mode_stops_issuing_after_the_duration() -> None:
     async def go():  # type: ignore[no-untyped-def]
         async with fake_server() as url:
@@ -249,8 +282,9 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
     rc = asyncio.run(go())
     for c, n in ((1, 8), (2, 8)):  # the schema's floor of 8 measured requests, plus C ramp requests
         df = pd.read_parquet(out / f"c{c}" / "requests.parquet")
-        assert len(df) == n + c and list(df.columns) == list(RECORD_COLUMNS)
-        assert int(df["ramp"].sum()) == c
+        assert list(df.columns) == list(RECORD_COLUMNS)
+        assert int(df["ramp"].sum()) == c and int(measured(df).sum()) == n
+        assert int(df["filler"].sum()) <= c  # at most one filler prompt per slot (C=1: none, its slot ends last)
         assert isinstance(df["chunk_tokens"][0].tolist(), list)
         s = json.loads((out / f"c{c}" / "summary.json").read_text())
         assert "validity" not in s and s["metrics"]["goodput_rps"] is None  # judgements, made when read

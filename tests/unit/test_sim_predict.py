@@ -72,9 +72,18 @@ def test_virtual_client_sends_what_the_real_client_sends(stagger):
     p = load_profile("demo")
     c, n = 8, 20
     lv = run_level(p, True, c, n, 128, 64, stagger=stagger)
-    ramps = [r for r, is_ramp in zip(lv.requests, lv.ramp, strict=True) if is_ramp]
-    meas = [r for r, is_ramp in zip(lv.requests, lv.ramp, strict=True) if not is_ramp]
+    kinds = list(zip(lv.requests, lv.ramp, lv.filler, strict=True))
+    ramps = [r for r, is_ramp, _ in kinds if is_ramp]
+    fillers = [r for r, _, is_filler in kinds if is_filler]
+    meas = [r for r, is_ramp, is_filler in kinds if not (is_ramp or is_filler)]
     assert len(meas) == n and all(r.max_new_tokens == 64 for r in meas)
+    # fillers (stagger only): after the last measured send, at most one per slot, those still running aborted
+    # at the last measured end, where the level ends
+    last_end = max(r.finished_at for r in meas)
+    assert len(fillers) <= c and (fillers != []) == stagger
+    assert all(r.arrival > max(q.arrival for q in meas) for r in fillers)
+    assert all(r.finished_at <= last_end or (r.aborted and r.finished_at == last_end) for r in fillers)
+    assert max(r.finished_at for r in lv.requests) == last_end
     if stagger:
         assert [r.max_new_tokens for r in ramps] == [ramp_length(64, k, c) for k in range(c)]
         assert [r.tag for r in ramps] == list(range(c)) and all(r.arrival == lv.t0 for r in ramps)
@@ -98,7 +107,8 @@ def test_prediction_is_the_metrics_of_its_own_records(speculative, concurrency, 
     lp = summarize_level(lv, speculative, 128, 64, True)
     df = level_records(lv)
     m = metrics.repeat_metrics(df, concurrency)
-    assert m["n_measured"] == lp.n_requests == n and m["n_requests"] == n + concurrency
+    assert m["n_measured"] == lp.n_requests == n and m["n_requests"] == n + concurrency + sum(lv.filler)
+    assert m["errors"]["count"] == 0 and m["n_ok"] == m["n_requests"] - sum(r.aborted for r in lv.requests)
     assert m["steady_window_s"] == pytest.approx(lp.steady_window_s, abs=1e-9)
     assert m["output_tok_s_total"] == pytest.approx(lp.aggregate_total_tok_s, rel=1e-12)
     assert m["duration_s"] == pytest.approx(lp.duration_s, abs=1e-9)

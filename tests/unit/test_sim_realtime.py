@@ -1,7 +1,8 @@
 """The real-time server keeps the model's time: achieved vs virtual-time throughput within 3%.
 
 Runs the server in a subprocess (its own core) and the sim's minimal client here, both with the pipeline's
-staggered slots (C ramp requests, then the measured ones) and the metrics module's steady window. The machine
+staggered slots (C ramp requests, then the measured ones; no fillers on either side) and the metrics module's
+steady window. The machine
 is shared, so a level that misses is measured up to twice more before failing (a load spike elsewhere is not
 the server's fault).
 """
@@ -30,7 +31,7 @@ def test_real_time_matches_virtual_time(speculative):
         for c, n in LEVELS:
             errors = []
             for _ in range(3):
-                model = simulate_level(profile, speculative, c, n, IN_TOKENS, OUT_TOKENS, first_rid=sent)
+                model = simulate_level(profile, speculative, c, n, IN_TOKENS, OUT_TOKENS, first_rid=sent, fill=False)
                 got = asyncio.run(closed_loop(url, c, n, IN_TOKENS, OUT_TOKENS))
                 assert (got.n_requests, got.ramp_requests) == (model.n_requests, model.ramp_requests) == (n, c)
                 sent += c + n  # the server numbers every request, ramp included; ids seed the draws

@@ -3,7 +3,7 @@
 A schedule is a request to the engine; whether the engine honoured it is a measurement. vLLM (and the simulator,
 which mirrors it) count per cell the drafts (`vllm:spec_decode_num_drafts_total`: one per sequence and verify
 pass), their draft tokens (`..._num_draft_tokens_total`) and the accepted ones; the cell's summary holds the deltas
-(`metrics.spec_counters`) and the tokens it received (`metrics.output_tokens_total`, `n_ok`). From them:
+(`metrics.spec_counters`) and the tokens it received (`metrics.output_tokens_total`, `answered`). From them:
 
 - `while_drafting`: draft tokens / drafts, the K of the passes that drafted (the counters' own ratio);
 - `drafting_share`: drafts over the cell's decode steps, each step of a sequence yielding one token plus its
@@ -12,8 +12,8 @@ pass), their draft tokens (`..._num_draft_tokens_total`) and the accepted ones; 
 
 The K served is the K whose own fixed arm, measured at the same level, drafted the nearest number of tokens per
 decode step (K=0: none; a fixed arm without counters counts K per step, as EAGLE drafts). Why not the ratio alone:
-a closed loop's last requests drain the batch below the level, where a threshold schedule drafts again, so a
-correctly served K=0 level still counts drafts at the smaller batches, and their ratio is those batches' K; an
+a closed loop's batch falls below its level at times (below), where a threshold schedule drafts again, so a
+correctly served K=0 level may still count drafts at the smaller batches, and their ratio is those batches' K; an
 engine ignoring the schedule drafts at nearly every step. And n-gram drafts propose fewer than K tokens where
 their match is short, so the fixed arm of each K, not K itself, says what serving K looks like on this workload.
 
@@ -50,6 +50,13 @@ TURNOVER_STEPS = 2  # engine steps a finishing request's slot stays empty in a c
 MIXED_EDGE = 0.1  # share of the gap between two Ks' figures within which a cell reads as the nearer K alone
 
 
+def answered(metrics: dict[str, Any]) -> int | None:
+    """The requests whose prefill yielded a token (fillers aborted mid-answer included: the counters count their
+    steps too); a cell measured before fillers existed: its requests that ended without error, the same count."""
+    n = metrics.get("n_answered")
+    return metrics.get("n_ok") if n is None else n
+
+
 def counters_per_step(summary: dict[str, Any] | None) -> dict[str, float | None] | None:
     """A cell's drafts, draft tokens, K while drafting, share of decode steps that drafted and draft tokens per
     decode step; None where the engine's counters were not read for every round."""
@@ -59,7 +66,7 @@ def counters_per_step(summary: dict[str, Any] | None) -> dict[str, float | None]
     if drafts is None or tokens is None:
         return None
     accepted = c.get("num_accepted_tokens")
-    total, requests = metrics.get("output_tokens_total"), metrics.get("n_ok")
+    total, requests = metrics.get("output_tokens_total"), answered(metrics)
     share: float | None = 0.0 if drafts == 0 else None
     if drafts > 0 and None not in (accepted, total, requests):
         steps = float(total) - float(requests) - float(accepted)
@@ -77,7 +84,7 @@ def counters_per_step(summary: dict[str, Any] | None) -> dict[str, float | None]
 
 def _steps_per_request(metrics: dict[str, Any], accepted: float | None) -> float | None:
     """A request's decode steps in the cell (output tokens less its prefill token and its accepted drafts)."""
-    total, requests = metrics.get("output_tokens_total"), metrics.get("n_ok")
+    total, requests = metrics.get("output_tokens_total"), answered(metrics)
     if None in (accepted, total, requests) or not requests:
         return None
     steps = (float(total) - float(requests) - float(accepted)) / float(requests)

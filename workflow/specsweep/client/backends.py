@@ -28,6 +28,7 @@ ENDPOINTS = ("completions", "chat")
 STOPS = ("fixed", "natural")  # workload.stop: every request its full length (ignore_eos), or the model's end of text
 CONTENT_HEADER = "X-Specsweep-Content"  # a request's content class; real engines ignore it, the simulated one reads it
 TRANSPORTS = ("fast", "aiohttp")
+ABORTED = "aborted"  # a filler the closed loop stopped when the last measured request ended: not a failure
 ERROR_KINDS = ("http", "timeout", "connection", "malformed", "truncated", "short_output")
 _BODY_HEAD = 300  # characters of an error body kept in the message
 
@@ -42,6 +43,8 @@ class RequestRecord:
     input_tokens: int
     slot: int = -1  # the closed loop's client slot (worker) that sent it
     ramp: bool = False  # a slot's first, shortened request that staggers the slots (not a measured request)
+    filler: bool = False  # sent after the measured requests ran out, to keep every slot busy until the last of
+    # them ends; aborted then (error_kind ABORTED) if still running. Not a measured request
     scheduled_s: float = float("nan")  # open loop: the planned send time (NaN in a closed loop)
     held_s: float = 0.0  # open loop: seconds the in-flight cap held the request back past its planned time
     send_s: float = float("nan")

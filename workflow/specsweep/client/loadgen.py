@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from specsweep.client.arrivals import ArrivalPlan
-from specsweep.client.backends import RequestRecord, RequestSpec, send_request
+from specsweep.client.backends import ABORTED, RequestRecord, RequestSpec, send_request
 from specsweep.client.cpu import host_snapshot, usage_now
 from specsweep.client.fasthttp import FastPool
 from specsweep.client.looplag import LoopLagMonitor
@@ -39,6 +39,7 @@ RECORD_SCHEMA = pa.schema(
         ("prompt_index", pa.int64()),
         ("slot", pa.int64()),
         ("ramp", pa.bool_()),
+        ("filler", pa.bool_()),
         ("scheduled_s", pa.float64()),
         ("held_s", pa.float64()),
         ("send_s", pa.float64()),
@@ -161,6 +162,12 @@ def warmup_count(warmup: int, concurrency: int) -> int:
     return max(warmup, concurrency) if warmup > 0 else 0
 
 
+def filler_count(concurrency: int, stagger: bool) -> int:
+    """Prompts a staggered closed loop keeps for fillers after its measured ones (`run_closed_loop`): one per
+    slot, as a slot whose last measured request ends before the level's last one sends about one filler."""
+    return concurrency if stagger else 0
+
+
 def ramp_length(nominal: int, slot: int, concurrency: int) -> int:
     """Output tokens of slot `slot`'s first request: its share (slot+1)/C of the nominal length."""
     return max(1, math.ceil(nominal * (slot + 1) / concurrency))
@@ -184,8 +191,12 @@ async def run_closed_loop(
     request of `ramp_length(L, k, C)` tokens (prompt k): the slots then turn over at evenly spread times and,
     with a fixed output length, stay spread, instead of all C requests starting, finishing and restarting
     together in waves that real traffic does not have. The `n_requests` measured requests (prompts C, C+1, ...)
-    follow. `duration_s` stops issuing measured requests that long after the first send (the count is then a
-    cap). Records are returned in send order (`request_index`).
+    follow, then *fillers*: a slot whose measured requests ran out sends the set's next prompts (those after
+    the measured ones: `filler_count`) until the last measured request ends, and the fillers still running then
+    are aborted (error_kind ABORTED). So the batch stays at C until then: the steady window (which ends at the
+    first end no send follows) runs to the last measured end instead of into a drain, and every measured
+    request ran at C in flight. `duration_s` stops issuing measured requests that long after the first send
+    (the count is then a cap). Records are returned in send order (`request_index`).
     """
     n_prompts = len(prompts)
     first_measured = concurrency if stagger else 0
@@ -193,29 +204,68 @@ async def run_closed_loop(
         raise ValueError(f"{n_prompts} prompts for {first_measured} ramp and {n_requests} measured requests")
     records: list[RequestRecord] = []
     indices = iter(range(n_requests))  # shared: each slot takes the next index when its request ends
+    fill_prompts = iter(range(first_measured + n_requests, n_prompts) if stagger else ())
     deadline = [math.inf]
+    measured_open = [0]  # measured requests sent and not yet ended
+    issuing = [True]  # measured requests may still be sent
+    done = asyncio.Event()  # every measured request has ended: the fillers still running are aborted
+    running_fillers: set[asyncio.Task[None]] = set()
 
     def nominal(pi: int) -> int:
         return prompts.output_tokens[pi] or output_tokens
 
-    async def send(pi: int, out: int, slot: int, ramp: bool) -> None:
-        rec = RequestRecord(len(records), pi, out, prompts.input_tokens[pi], slot=slot, ramp=ramp)
+    def check_done() -> None:
+        if not issuing[0] and measured_open[0] == 0 and not done.is_set():
+            done.set()
+            for task in running_fillers:
+                task.cancel()
+
+    async def send(pi: int, out: int, slot: int, kind: str) -> None:
+        rec = RequestRecord(
+            len(records), pi, out, prompts.input_tokens[pi], slot=slot, ramp=kind == "ramp", filler=kind == "filler"
+        )
         rec.content = prompts.content(pi)
         records.append(rec)
-        await send_request(session, spec, prompts.request(pi, spec.sends_messages), rec)
+        if kind == "measured":
+            measured_open[0] += 1
+        try:
+            await send_request(session, spec, prompts.request(pi, spec.sends_messages), rec)
+        except asyncio.CancelledError:
+            if rec.filler and done.is_set():
+                rec.end_s = monotonic()
+                rec.error_kind, rec.error = ABORTED, "a filler still running when the last measured request ended"
+            raise
         if deadline[0] == math.inf and duration_s is not None:
             deadline[0] = records[0].send_s + duration_s
+        if kind == "measured":
+            measured_open[0] -= 1
+            check_done()
         if on_done is not None:
             on_done(rec)
 
     async def slot(k: int) -> None:
         if stagger:
-            await send(k, ramp_length(nominal(k), k, concurrency), k, True)
+            await send(k, ramp_length(nominal(k), k, concurrency), k, "ramp")
         for i in indices:
             if monotonic() >= deadline[0]:
                 break
             pi = first_measured + i
-            await send(pi, nominal(pi), k, False)
+            await send(pi, nominal(pi), k, "measured")
+        issuing[0] = False
+        check_done()
+        for pi in fill_prompts:
+            if done.is_set():
+                break
+            task = asyncio.ensure_future(send(pi, nominal(pi), k, "filler"))
+            running_fillers.add(task)
+            try:
+                await asyncio.wait({task})  # returns when it ends or is aborted (cancelled)
+            finally:
+                running_fillers.discard(task)
+                if not task.done():  # the slot itself was cancelled: its filler with it
+                    task.cancel()
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
 
     n_slots = concurrency if stagger else min(concurrency, n_requests)
     await asyncio.gather(*(slot(k) for k in range(n_slots)))

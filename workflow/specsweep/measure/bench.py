@@ -21,7 +21,7 @@ from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import RequestRecord, RequestSpec
 from specsweep.client.cpu import pin_self, plan_cpus
 from specsweep.client.datasets import Dataset, DatasetError
-from specsweep.client.loadgen import measure_level, warmup_count
+from specsweep.client.loadgen import filler_count, measure_level, warmup_count
 from specsweep.client.prompts import ChatTemplateUnavailable, hf_chat_template, level_prompts, templated
 from specsweep.config import read_dataset, request_count
 from specsweep.engines import get_engine
@@ -180,7 +180,7 @@ async def _bench_pinned(args: BenchOptions) -> int:
     for c, n in counts.items():
         prompts = await level_prompts(
             c,
-            n + (0 if args.no_stagger else c),
+            n + (0 if args.no_stagger else c) + filler_count(c, not args.no_stagger),
             args.repeats,
             warmup_count(args.warmup, c),
             args.input_tokens,

@@ -30,7 +30,7 @@ from specsweep.client.backends import RequestSpec
 from specsweep.client.contents import labelled, mix_level_prompts
 from specsweep.client.cpu import CpuPlan, pinned, plan_cpus
 from specsweep.client.datasets import Dataset, DatasetError
-from specsweep.client.loadgen import LevelResult, measure_level, new_session, warmup_count
+from specsweep.client.loadgen import LevelResult, filler_count, measure_level, new_session, warmup_count
 from specsweep.client.prompts import (
     ChatRender,
     ChatTemplateUnavailable,
@@ -136,14 +136,16 @@ async def build_prompts(
     dataset: Dataset | None = None,
     render: ChatRender | None = None,
     n_warmup: int | None = None,
-    ramp: int | None = None,
+    unmeasured: int | None = None,
 ) -> LevelPrompts:
-    """The level's warm-up set and one measured set per repeat (ramp requests included), by seed and level,
-    with their chat-templated text where `render` is given. A content class's prompts are labelled with it; the
-    traffic mix's are drawn from its classes' own sets by the mix's shares (`client/contents.py`)."""
+    """The level's warm-up set and one measured set per repeat (`unmeasured` prompts besides the measured ones;
+    by default a staggered closed loop's C ramp requests and its fillers), by seed and level, with their
+    chat-templated text where `render` is given. A content class's prompts are labelled with it; the traffic
+    mix's are drawn from its classes' own sets by the mix's shares (`client/contents.py`)."""
     workload = spec["workload"]
-    if ramp is None:
-        ramp = spec["concurrency"] if workload["stagger"] else 0
+    if unmeasured is None:
+        stagger = bool(workload["stagger"])
+        unmeasured = (spec["concurrency"] if stagger else 0) + filler_count(spec["concurrency"], stagger)
     if n_warmup is None:
         n_warmup = warmup_count(workload["warmup_requests"], spec["concurrency"])
     content = workload.get("content")
@@ -153,7 +155,9 @@ async def build_prompts(
             part_workload = {**workload, "dataset": part["dataset"], "content": part}
             part_spec = {**spec, "workload": part_workload}
             part_dataset = read_workload_dataset(part_workload)
-            built = await build_prompts(part_spec, url, headers, tokenizer_path, part_dataset, None, n_warmup, ramp)
+            built = await build_prompts(
+                part_spec, url, headers, tokenizer_path, part_dataset, None, n_warmup, unmeasured
+            )
             parts[name] = built
         mixed = mix_level_prompts(parts, content["mix"], workload["seed"], f"{float(spec['concurrency']):g}")
         return templated(mixed, render) if render is not None else mixed
@@ -162,7 +166,7 @@ async def build_prompts(
         seed = set_seed(seed, f"class-{content['name']}")
     level = await level_prompts(
         spec["concurrency"],
-        spec["n_requests"] + ramp,
+        spec["n_requests"] + unmeasured,
         spec["repeats"],
         n_warmup,
         workload["input_tokens"],
@@ -236,7 +240,7 @@ async def open_prompts(
         dataset,
         render,
         n_warmup=len(warm),
-        ramp=0,
+        unmeasured=0,
     )
 
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from specsweep.client.cpu import pinned
-from specsweep.client.loadgen import LevelResult, RepeatResult, measure_level, new_session
+from specsweep.client.loadgen import LevelResult, RepeatResult, filler_count, measure_level, new_session
 from specsweep.client.prompts import LevelPrompts
 from specsweep.config import defaults, with_instance
 from specsweep.measure import heal
@@ -243,7 +243,9 @@ async def _measure_blocks(
         round_s, sizes, overheads = list(prior.round_s), list(prior.sizes), list(prior.overheads)
         decisions = list(prior.decisions)
     growth, r = 1, 0
-    ramp = concurrency if cells[arms[0]].spec["workload"]["stagger"] else 0
+    stagger = bool(cells[arms[0]].spec["workload"]["stagger"])
+    ramp = concurrency if stagger else 0
+    fill = filler_count(concurrency, stagger)  # the set's prompts after a block's measured ones
     # the host's idle loop lag (the jitter a block's loop lag is judged against) is probed before each arm's first
     # block of the level and stands for its later blocks, seconds apart: a probe before every block cost the
     # default run 50 ms a block, 12 s in all
@@ -274,7 +276,8 @@ async def _measure_blocks(
             servers.thaw(recs[measured])
             cell, inp = cells[arm], inputs[arm]
             workload = cell.spec["workload"]
-            one = LevelPrompts(inp.prompts.warmup, [inp.prompts.repeats[r].head(n + ramp)], inp.prompts.unique)
+            block_set = inp.prompts.repeats[r].head(n + ramp + fill)
+            one = LevelPrompts(inp.prompts.warmup, [block_set], inp.prompts.unique)
             start_unix, started = time.time(), time.monotonic()
             async with new_session(concurrency) as session:
                 level = await measure_level(
@@ -333,7 +336,7 @@ async def _measure_blocks(
         for rec in recs.values():  # the rule's bootstrap runs on this host: no server beside it
             servers.freeze(rec)
         results = level_results()
-        used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
+        used = {arm: _used_inputs(inputs[arm], [s + ramp + fill for s in sizes]) for arm in arms}
         summaries = {}
         for arm, cell in cells.items():
             summaries[arm] = level_summary_of(
@@ -381,7 +384,7 @@ async def _measure_blocks(
             "round_overhead_s": overheads,
             "decisions": decisions,
         }
-    used = {arm: _used_inputs(inputs[arm], [s + ramp for s in sizes]) for arm in arms}
+    used = {arm: _used_inputs(inputs[arm], [s + ramp + fill for s in sizes]) for arm in arms}
     return _Measured(results, used, infos, blocks, level_s, precision, referrals, sizes, round_s, overheads, decisions)
 
 

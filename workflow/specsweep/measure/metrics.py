@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specsweep.client.backends import ABORTED
+
 STAT_KEYS = ("mean", "std", "min", "max", "p50", "p90", "p95", "p99")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # Scalars that are properties of a whole repeat (not of a request): pooled as the mean over repeats.
@@ -52,11 +54,25 @@ def stats(values: Iterable[float] | np.ndarray, scale: float = 1.0) -> dict[str,
     return out
 
 
+def _flag(df: pd.DataFrame, column: str) -> np.ndarray:
+    """A boolean record column as an array, False where it is missing or null (records from before it)."""
+    if column not in df:
+        return np.zeros(len(df), dtype=bool)
+    values = df[column].to_numpy()
+    if values.dtype == bool:
+        return values
+    return np.array([isinstance(v, bool | np.bool_) and bool(v) for v in values], dtype=bool)
+
+
 def measured(df: pd.DataFrame) -> np.ndarray:
-    """Rows that are measured requests: not the ramp requests that stagger the slots (older records: all)."""
-    if "ramp" not in df:
-        return np.ones(len(df), dtype=bool)
-    return ~df["ramp"].to_numpy(dtype=bool)
+    """Rows that are measured requests: not the ramp requests that stagger the slots, nor the fillers that keep
+    them busy to the last measured end (`loadgen.run_closed_loop`; older records: all, or no fillers)."""
+    return ~(_flag(df, "ramp") | _flag(df, "filler"))
+
+
+def aborted(df: pd.DataFrame) -> np.ndarray:
+    """Fillers the closed loop stopped when its last measured request ended: not failures, not answers."""
+    return _flag(df, "filler") & (df["error_kind"] == ABORTED).to_numpy(dtype=bool)
 
 
 def per_request(df: pd.DataFrame) -> pd.DataFrame:
@@ -361,7 +377,9 @@ def meets_slos(
 
 
 def errors_summary(df: pd.DataFrame, max_messages: int = 3) -> dict[str, Any]:
-    """Failed requests counted by kind, with the first few distinct messages of each kind."""
+    """Failed requests counted by kind, with the first few distinct messages of each kind (aborted fillers are
+    neither failed nor counted)."""
+    df = df[~aborted(df)]
     bad = df[~df["ok"]]
     by_kind: dict[str, int] = {}
     messages: dict[str, list[str]] = {}
@@ -498,6 +516,7 @@ def repeat_metrics(
         "n_requests": int(len(df)),
         "n_measured": int(measured(df).sum()),
         "n_ok": n_ok,
+        "n_answered": int((df["output_tokens"].to_numpy() > 0).sum()),
         "output_tokens_total": total_tokens,
         "duration_s": duration if math.isfinite(duration) else None,
         "steady_window": {"start_s": _f(start), "end_s": _f(end)},

@@ -249,7 +249,7 @@ def read_records(path: str | Path) -> pd.DataFrame:
     return df
 
 
-_LATER_COLUMNS = ("content", "finish_reason")  # added to the record later; an older cell reads them as null
+_LATER_COLUMNS = ("content", "finish_reason", "filler")  # added to the record later; an older cell reads them as null
 
 
 def _lacking_columns(df: pd.DataFrame) -> str:

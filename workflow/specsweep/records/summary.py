@@ -45,9 +45,12 @@ class SteadyWindow(Record):
 class Metrics(Record):
     """A level's figures (pooled over its repeats) or one repeat's; definitions in `specsweep.measure.metrics`."""
 
-    n_requests: int = Field(description="requests sent, ramp requests included")
-    n_measured: int = Field(description="requests that count (ramp requests left out)")
+    n_requests: int = Field(description="requests sent, ramp requests and fillers included")
+    n_measured: int = Field(description="requests that count (ramp requests and fillers left out)")
     n_ok: int = Field(description="requests that ended without error")
+    n_answered: int | None = Field(
+        None, description="requests that received a token, aborted fillers included (null: measured before fillers)"
+    )
     output_tokens_total: int = Field(description="tokens received")
     duration_s: float | None = Field(description="first send to last end")
     steady_window: SteadyWindow | None = Field(description="where throughput is measured; null: none")

@@ -3,7 +3,8 @@
 It is deliberately independent of `specsweep.client` (which the sim is used to test): if both agree with
 the model, a disagreement elsewhere is the other side's. It shares only the definitions: the slots' ramp
 (`loadgen.ramp_length`) and the metrics module's steady window, per-request latencies and window tokens, so
-it measures what `predict.simulate_level` predicts.
+it measures what `predict.simulate_level` predicts (with `fill=False`: this client sends no fillers after its
+measured requests, the pipeline's does).
 """
 
 from __future__ import annotations

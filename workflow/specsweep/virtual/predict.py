@@ -2,7 +2,8 @@
 
 The virtual client does what the real one does (`specsweep.client.loadgen.run_closed_loop`): C slots, with
 `stagger` a shortened ramp request per slot first (`loadgen.ramp_length`), then the measured requests, each
-slot sending its next request when its previous one ends. The figures use the metrics module's definitions
+slot sending its next request when its previous one ends, then fillers until the last measured request ends
+(the fillers still running then aborted). The figures use the metrics module's definitions
 (docs/metrics.md): the steady window is `specsweep.measure.metrics.steady_window` of the level's send and end times,
 latencies follow `metrics.per_request` over the measured (non-ramp) requests.
 """
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from specsweep.analysis.crossover import crossings_log_c
-from specsweep.client.loadgen import ramp_length
+from specsweep.client.backends import ABORTED
+from specsweep.client.loadgen import filler_count, ramp_length
 from specsweep.config import request_count
 from specsweep.measure.metrics import steady_window
 from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, Schedule, SimRequest, admission_end
@@ -76,6 +78,7 @@ class VirtualLevel:
     t0: float  # virtual time of the first send (after the warm-up)
     requests: list[SimRequest]  # in send order; `tag` is the client slot
     ramp: list[bool]
+    filler: list[bool]  # sent after the measured requests, aborted when the last of them ended
     step_ends: np.ndarray
     step_tokens: np.ndarray
     step_chunks: np.ndarray
@@ -120,12 +123,14 @@ def run_level(
     stagger: bool = True,
     trace: bool = False,
     schedule: Schedule | None = None,
+    fill: bool | None = None,
 ) -> VirtualLevel:
     """Drive one closed-loop level in virtual time (warm-up requests first, one at a time, not measured).
 
     With `stagger`, slot k's first request is a ramp request of `ramp_length(output_tokens, k, C)` tokens, all C
-    sent at t0, then `n_requests` measured requests follow; without, min(C, n) slots send the n requests.
-    `trace` keeps every request's chunks (for `level_records`)."""
+    sent at t0, then `n_requests` measured requests follow, then fillers until the last of them ends (with
+    `fill`, by default as `stagger`: the pipeline's client; `loadcheck`'s sends none); without, min(C, n) slots
+    send the n requests. `trace` keeps every request's chunks (for `level_records`)."""
     if max_running_requests is None:  # the scheduler's cap, and what fits in KV memory (hardware facts)
         max_running_requests = profile.running_cap(speculative, input_tokens + output_tokens)
     engine = Engine(
@@ -146,33 +151,43 @@ def run_level(
     t0 = now
     reqs: list[SimRequest] = []
     ramp: list[bool] = []
+    filler: list[bool] = []
 
-    def send(tokens: int, at: float, slot: int, is_ramp: bool) -> None:
+    def send(tokens: int, at: float, slot: int, kind: str) -> SimRequest:
         r = engine.new_request(input_tokens, tokens, arrival=at)
         r.tag = slot
         reqs.append(r)
-        ramp.append(is_ramp)
+        ramp.append(kind == "ramp")
+        filler.append(kind == "filler")
+        return r
 
     left = n_requests  # measured requests not yet sent
+    fills = stagger if fill is None else fill and stagger
+    fillers_left = filler_count(concurrency, fills)  # as the real client's prompt set holds
+    measured_open = 0  # measured requests sent (or pending) and not yet finished
+    measured_rids: set[int] = set()
     if stagger:
         for k in range(concurrency):
-            send(ramp_length(output_tokens, k, concurrency), now, k, True)
+            send(ramp_length(output_tokens, k, concurrency), now, k, "ramp")
     else:
         for k in range(min(concurrency, n_requests)):
-            send(output_tokens, now, k, False)
+            measured_rids.add(send(output_tokens, now, k, "measured").rid)
             left -= 1
+            measured_open += 1
     now += ADMISSION_WINDOW_S  # a burst at one instant: the admission window (engine.admission_end)
-    pending: deque[tuple[float, int]] = deque()  # (arrival, slot) of requests sent but not yet in the engine
+    pending: deque[tuple[float, int, str]] = deque()  # (arrival, slot, kind) of requests not yet in the engine
     step_ends: list[float] = []
     step_tokens: list[int] = []
     step_chunks: list[int] = []
     chunks: dict[int, list[tuple[float, int]]] = {}
     while engine.has_work or pending:
         if not engine.has_work:
-            now = admission_end([max(now, pending[0][0]), *(a for a, _ in list(pending)[1:])])
+            now = admission_end([max(now, pending[0][0]), *(a for a, _, _ in list(pending)[1:])])
         while pending and pending[0][0] <= now:
-            at, slot = pending.popleft()
-            send(output_tokens, at, slot, False)
+            at, slot, kind = pending.popleft()
+            r = send(output_tokens, at, slot, kind)
+            if kind == "measured":
+                measured_rids.add(r.rid)
         res = engine.step(now)
         now += res.duration
         step_ends.append(now)
@@ -182,14 +197,28 @@ def run_level(
             for r, n in res.emissions:
                 chunks.setdefault(r.rid, []).append((now, n))
         for r in res.finished:
+            if r.rid in measured_rids:
+                measured_open -= 1
             if left > 0:  # the slot sends its next request
-                pending.append((now + turnaround_s, r.tag))
+                pending.append((now + turnaround_s, r.tag, "measured"))
                 left -= 1
+                measured_open += 1
+            elif fills and fillers_left > 0 and measured_open > 0:  # a filler keeps the slot busy
+                pending.append((now + turnaround_s, r.tag, "filler"))
+                fillers_left -= 1
+        if fills and left == 0 and measured_open == 0:  # the last measured request ended: fillers aborted
+            for r, is_filler in zip(reqs, filler, strict=True):
+                if is_filler and math.isnan(r.finished_at):
+                    engine.abort(r)
+                    r.finished_at = now
+            pending.clear()
+            break
     return VirtualLevel(
         concurrency,
         t0,
         reqs,
         ramp,
+        filler,
         np.array(step_ends, dtype=float),
         np.array(step_tokens, dtype=np.int64),
         np.array(step_chunks, dtype=np.int64),
@@ -213,7 +242,7 @@ def summarize_level(
     start, end = level.window()
     span = end - start
     in_win = (level.step_ends > start) & (level.step_ends <= end)
-    meas = ~np.array(level.ramp, dtype=bool)
+    meas = ~(np.array(level.ramp, dtype=bool) | np.array(level.filler, dtype=bool))
     first = np.array([r.first_token_at for r in reqs], dtype=float)
     tokens = np.array([r.generated for r in reqs], dtype=float)
     # metrics.per_request: TTFT = first token - send, E2E = last token - send, TPOT = (E2E - TTFT) / (n - 1)
@@ -247,7 +276,7 @@ def summarize_level(
         chunks=int(level.step_chunks.sum()),
         peak_chunks_per_s=float(level.step_chunks[in_win].sum() / span) if span > 0 else math.nan,
         stagger=stagger,
-        ramp_requests=int((~meas).sum()),
+        ramp_requests=int(np.sum(level.ramp)),
         steady_window_s=float(span),
         switches=level.switches,
     )
@@ -267,6 +296,7 @@ def simulate_level(
     first_rid: int = 0,
     stagger: bool = True,
     schedule: Schedule | None = None,
+    fill: bool | None = None,
 ) -> LevelPrediction:
     """Run one closed-loop level in virtual time: `n_requests` measured requests, after C ramp requests when
     `stagger` (as the pipeline's client); warm-up requests first, one at a time, not measured."""
@@ -284,6 +314,7 @@ def simulate_level(
         first_rid=first_rid,
         stagger=stagger,
         schedule=schedule,
+        fill=fill,
     )
     return summarize_level(level, speculative, input_tokens, output_tokens, stagger)
 
@@ -297,7 +328,7 @@ def level_records(level: VirtualLevel) -> Any:
         raise ValueError("level_records needs a level run with trace=True")
     t0 = level.t0
     rows = []
-    for i, (r, is_ramp) in enumerate(zip(level.requests, level.ramp, strict=True)):
+    for i, (r, is_ramp, is_filler) in enumerate(zip(level.requests, level.ramp, level.filler, strict=True)):
         cs = level.chunks.get(r.rid, [])
         rows.append(
             {
@@ -306,6 +337,7 @@ def level_records(level: VirtualLevel) -> Any:
                 "prompt_index": i,
                 "slot": int(r.tag),
                 "ramp": is_ramp,
+                "filler": is_filler,
                 "send_s": r.arrival - t0,
                 "first_token_s": r.first_token_at - t0,
                 "end_s": r.finished_at - t0,
@@ -322,8 +354,8 @@ def level_records(level: VirtualLevel) -> Any:
                 "output_prefix": "",
                 "content": "",
                 "finish_reason": "length" if r.generated >= r.max_new_tokens else "stop",
-                "ok": True,
-                "error_kind": "",
+                "ok": not r.aborted,
+                "error_kind": ABORTED if r.aborted else "",
                 "error": "",
             }
         )

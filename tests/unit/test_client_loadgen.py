@@ -284,7 +284,7 @@ def test_bench_cli_writes_cells(tmp_path: Path) -> None:
         df = pd.read_parquet(out / f"c{c}" / "requests.parquet")
         assert list(df.columns) == list(RECORD_COLUMNS)
         assert int(df["ramp"].sum()) == c and int(measured(df).sum()) == n
-        assert int(df["filler"].sum()) <= c  # at most one filler prompt per slot (C=1: none, its slot ends last)
+        assert int(df["filler"].sum()) <= 2 * c  # at most two filler prompts per slot (C=1: none, its slot ends last)
         assert isinstance(df["chunk_tokens"][0].tolist(), list)
         s = json.loads((out / f"c{c}" / "summary.json").read_text())
         assert "validity" not in s and s["metrics"]["goodput_rps"] is None  # judgements, made when read

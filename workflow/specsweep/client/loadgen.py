@@ -163,9 +163,11 @@ def warmup_count(warmup: int, concurrency: int) -> int:
 
 
 def filler_count(concurrency: int, stagger: bool) -> int:
-    """Prompts a staggered closed loop keeps for fillers after its measured ones (`run_closed_loop`): one per
-    slot, as a slot whose last measured request ends before the level's last one sends about one filler."""
-    return concurrency if stagger else 0
+    """Prompts a staggered closed loop keeps for fillers after its measured ones (`run_closed_loop`): two per
+    slot. A slot whose last measured request ends before the level's last one needs one filler where answers
+    are alike in length; with one per slot, blocks of the vLLM example and of the demo ran out (a filler ended
+    first: speculation's acceptance, answers of their own lengths) and their window ended early."""
+    return 2 * concurrency if stagger else 0
 
 
 def ramp_length(nominal: int, slot: int, concurrency: int) -> int:

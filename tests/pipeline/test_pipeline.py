@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from specsweep.config import defaults
+from specsweep.measure.metrics import aborted, measured
 from specsweep.measure.summary import read_judged
 from tests.conftest import REPO, sim_server_processes
 from tests.pipeline.conftest import EXP, mlflow_runs, server_events, snakemake, starts
@@ -29,9 +30,14 @@ def test_cells_written(run_dir: Path) -> None:
             cell = run_dir / "results" / EXP / "sim" / arm / f"c{c}"
             df = pd.read_parquet(cell / "requests.parquet")
             summary = read_judged(cell, defaults("gates"))[0]  # tiny.yaml keeps the default gates
-            n = c + max(8, 4 * c)  # C ramp requests, then the measured ones (tiny.yaml: per_concurrency 4, floor 8)
-            assert len(df) == 2 * n, (arm, c)  # two repeats, each its own record
+            n = max(8, 4 * c)  # measured requests after C ramp requests (tiny.yaml: per_concurrency 4, floor 8)
+            assert int(measured(df).sum()) == 2 * n, (arm, c)  # two repeats, each its own record
             assert int(df["ramp"].sum()) == 2 * c
+            # fillers (at most two per slot) keep the slots busy to the last measured end; those still running
+            # then were aborted, and nothing else was
+            stopped = aborted(df)
+            assert int(df["filler"].sum()) <= 2 * 2 * c and df["filler"][stopped].all()
+            df = df[~stopped]
             assert sorted(df["repeat"].unique()) == [0, 1]
             assert [r["repeat"] for r in summary["repeats"]] == [0, 1]
             assert summary["metrics"]["n_repeats"] == 2

@@ -138,6 +138,31 @@ def test_output_length_distribution_is_seeded_and_paired() -> None:
     assert all(10 <= o <= 20 for o in outs) and len(set(outs)) > 3
 
 
+def test_a_refused_flush_is_tried_again_after_waits_that_double_up_to_retry_s(monkeypatch) -> None:
+    """The engine drops the fillers a block aborted within a step or two: the first tries come 10, 20, 40 ms
+    later, not a fixed retry_s later, and the waits never pass retry_s."""
+    from specsweep.engines import common
+
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(seconds: float, *args: object) -> None:  # the module is asyncio itself: others sleep 0
+        if seconds > 0:
+            waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(common.asyncio, "sleep", recorded)
+    flush = FlushState(busy=7)
+
+    async def go() -> str:
+        async with fake_server(flush) as url, aiohttp.ClientSession() as s:
+            return await post_flush_cache(s, url, retry_s=0.2)
+
+    assert asyncio.run(go()) == "flushed"
+    assert flush.calls == 8
+    assert waits == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2])
+
+
 def test_cache_reset_outcomes() -> None:
     async def go() -> tuple[str, str, str]:
         async with fake_server() as url, aiohttp.ClientSession() as s:

@@ -8,11 +8,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from specsweep.sim.profile import load_profile
-from specsweep.sim.server import SimServer, output_words
+from specsweep.sim.server import SimServer, output_words, runner_of
 
 pytestmark = pytest.mark.unit
 
@@ -303,3 +305,39 @@ def test_greedy_requests_draw_acceptance_by_prompt():
     assert len(set(greedy.values())) > 1  # the prompts' draws differ: the key is the prompt, not one shared stream
     assert verify_passes(backward, 1.0, 3) != verify_passes(forward, 1.0, 0)
     assert verify_passes(backward, 0.0, 3, by_prompt=False) != greedy
+
+
+def test_a_queued_request_whose_client_goes_away_leaves_the_queue_at_once():
+    """A request waiting for a running slot writes nothing, so only the handler's cancellation tells the engine
+    its client left (`runner_of`, as `serve` runs it): it leaves the queue at once, as SGLang and vLLM drop it,
+    instead of being admitted and prefilled later."""
+
+    async def go() -> tuple[bool, float]:
+        sim = SimServer(load_profile("demo"), max_running_requests=1)
+        runner = runner_of(sim)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/generate"
+        body = {"text": "a b c", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}, "stream": True}
+        try:
+            async with aiohttp.ClientSession() as s:
+                running = await s.post(url, json=body)
+                await running.content.readline()  # the only slot is taken
+                queued = await s.post(url, json={**body, "text": "d e f"})  # its headers come at once
+                started = time.monotonic()
+                while not sim.engine.waiting and time.monotonic() - started < 2.0:
+                    await asyncio.sleep(0.005)
+                assert len(sim.engine.waiting) == 1, "the second request never queued"
+                queued.close()  # its client goes away before its answer starts
+                started = time.monotonic()
+                while sim.engine.waiting and time.monotonic() - started < 1.0:
+                    await asyncio.sleep(0.005)
+                left, waited = not sim.engine.waiting, time.monotonic() - started
+                running.close()
+        finally:
+            await runner.cleanup()
+        return left, waited
+
+    left, waited = asyncio.run(go())
+    assert left and waited < 0.2, f"the queued request stayed {waited:.2f} s after its client left"

@@ -8,6 +8,7 @@ whatever accumulated since its last write as one chunk (several tokens under spe
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import os
@@ -361,6 +362,7 @@ class SimServer:
                 "late_max_s": round(self.loop_late_max_s, 6),
                 "requests_total": self.requests_total,
                 "tokens_emitted": self.tokens_emitted,
+                "gc_frozen_objects": gc.get_freeze_count(),
             },
         }
 
@@ -713,6 +715,12 @@ async def serve(server: SimServer, host: str, port: int) -> None:
     """Serve until SIGTERM/SIGINT."""
     runner = runner_of(server)
     await runner.setup()
+    # What lives from here on (modules, the profile, the app) leaves the collector's scans, as vLLM's engine core
+    # freezes its heap after start-up: a full collection then scans only what requests left, 7-15 ms at C=250
+    # instead of 77-109 ms, during which no stream is written. Eight C=250 blocks of one server: their closed
+    # loops' wall time spread 5.4% (2.19-2.31 s), frozen 0.7-1.1%.
+    gc.collect()
+    gc.freeze()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = port

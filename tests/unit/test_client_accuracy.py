@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -23,42 +21,13 @@ from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
 from specsweep.measure.gates import summarize
 from tests.conftest import HOST_DISTURBED
+from tests.support.simprocess import sim_process
 
 # `alone`: the 1 ms check is of the client, so the test command runs it in its second phase, one test at a time;
 # beside another pytest-xdist worker the engine's stamps were disturbed and it skipped (CI, 2026-12-03)
 pytestmark = [pytest.mark.unit, pytest.mark.alone]
 
 TOLERANCE_S = 0.001
-
-
-def _start_sim(*extra: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specsweep",
-            "serve-sim",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--profile",
-            "demo",
-            "--debug-timestamps",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "specsweep-sim listening on http://127.0.0.1:PORT ..."
-    m = re.search(r"http://[\d.]+:(\d+)", line)
-    if not m:
-        proc.kill()
-        rest = proc.stdout.read() if proc.poll() is not None else ""
-        raise RuntimeError(f"simulated engine did not start: {line}{rest}")
-    return proc, f"http://127.0.0.1:{m.group(1)}"
 
 
 @pytest.fixture(params=[False, True], ids=["baseline", "speculative"])
@@ -68,25 +37,22 @@ def sim(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     Client and server get a core each (as a load test on separate hosts would), so neither is preempted by the
     other between stamping a chunk and sending or receiving it; the reference times stay the server's own.
     """
-    try:
-        proc, url = _start_sim(*(["--speculative"] if request.param else []))
-    except (OSError, RuntimeError) as e:  # the simulator is the project's own: not starting is a bug, never a skip
-        pytest.fail(f"the simulated engine did not start: {e}")
-    own_cpus = os.sched_getaffinity(0)
-    if len(own_cpus) >= 2:
-        server_cpu = max(own_cpus)
-        os.sched_setaffinity(proc.pid, {server_cpu})
-        os.sched_setaffinity(0, own_cpus - {server_cpu})
-    try:
-        yield url, proc.pid
-    finally:
-        os.sched_setaffinity(0, own_cpus)
-        proc.terminate()
+    with ExitStack() as stack:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            proc, url = stack.enter_context(
+                sim_process("--debug-timestamps", *(["--speculative"] if request.param else []))
+            )
+        except (OSError, RuntimeError) as e:  # the simulator is the project's own: not starting is a bug
+            pytest.fail(f"the simulated engine did not start: {e}")
+        own_cpus = os.sched_getaffinity(0)
+        if len(own_cpus) >= 2:
+            server_cpu = max(own_cpus)
+            os.sched_setaffinity(proc.pid, {server_cpu})
+            os.sched_setaffinity(0, own_cpus - {server_cpu})
+        try:
+            yield url, proc.pid
+        finally:
+            os.sched_setaffinity(0, own_cpus)
 
 
 def _busy_jiffies() -> int:

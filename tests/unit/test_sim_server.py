@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer, output_words, runner_of
+from tests.support.simprocess import sim_process
 
 pytestmark = pytest.mark.unit
 
@@ -349,29 +347,11 @@ def test_a_queued_request_whose_client_goes_away_leaves_the_queue_at_once():
 def test_the_served_engine_freezes_its_start_up_heap() -> None:
     """`serve` (what `specsweep serve-sim` runs) moves its start-up objects out of the collector's scans: a full
     collection of the whole heap took 77-109 ms at C=250, no stream written meanwhile (`gc_frozen_objects`)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep", "serve-sim", "--host", "127.0.0.1", "--port", "0", "--profile", "demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "specsweep-sim listening on http://127.0.0.1:PORT ..."
-        port = re.search(r"http://[\d.]+:(\d+)", line)
-        assert port, f"the simulated engine did not start: {line}"
 
-        async def info() -> dict[str, Any]:
-            async with aiohttp.ClientSession() as s:
-                async with s.get(f"http://127.0.0.1:{port.group(1)}/server_info") as r:
-                    return await r.json()
+    async def info(url: str) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/server_info") as r:
+            return await r.json()
 
-        frozen = asyncio.run(info())["sim_loop"]["gc_frozen_objects"]
-        assert frozen > 10_000, frozen  # the imported modules alone are tens of thousands of objects
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with sim_process() as (_, url):
+        frozen = asyncio.run(info(url))["sim_loop"]["gc_frozen_objects"]
+    assert frozen > 10_000, frozen  # the imported modules alone are tens of thousands of objects

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from specsweep.sim.faults import FaultConfig
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
+from tests.support.simprocess import sim_process
 
 pytestmark = [pytest.mark.unit, pytest.mark.faults]
 
@@ -123,22 +124,12 @@ def test_crash_after_tokens_kills_the_process():
                         got.append(line)
         return got
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep", "serve-sim", "--port", "0", "--fault-crash-after-tokens", "10"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = proc.stdout.readline().split()[3]
+    with sim_process("--fault-crash-after-tokens", "10") as (proc, url):
         lines = asyncio.run(go(url))
         assert proc.wait(timeout=10) == 3
         assert b"data: [DONE]\n" not in lines
         with pytest.raises(aiohttp.ClientError):
             asyncio.run(_get(url + "/health"))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 async def _get(url: str) -> int:

@@ -27,7 +27,6 @@ from specsweep.aio import cancel_and_wait
 from specsweep.client.backends import CONTENT_HEADER
 from specsweep.sim.engine import (
     ADMISSION_MAX_S,
-    ADMISSION_WINDOW_S,
     Engine,
     Schedule,
     SimRequest,
@@ -234,13 +233,15 @@ class SimServer:
                 next_start = None
 
     async def _admission_window(self) -> None:
-        """Wait ADMISSION_WINDOW_S after the first arrival, longer while more keep arriving (engine.py)."""
+        """Take the arrivals of this instant: yield to the event loop, again while a pass brings another request
+        (at most ADMISSION_MAX_S), so a burst forms one batch and a lone request starts its step at once
+        (engine.py)."""
         first = time.monotonic()
         seen = self.requests_total
-        await asyncio.sleep(ADMISSION_WINDOW_S)
+        await asyncio.sleep(0)
         while self.requests_total != seen and time.monotonic() - first < ADMISSION_MAX_S:
             seen = self.requests_total
-            await asyncio.sleep(ADMISSION_WINDOW_S)
+            await asyncio.sleep(0)
 
     def _deliver(self, res: StepResult) -> None:
         for req, n in res.emissions:

@@ -22,15 +22,15 @@ from specsweep.client.backends import ABORTED
 from specsweep.client.loadgen import filler_count, ramp_length
 from specsweep.config import request_count
 from specsweep.measure.metrics import steady_window
-from specsweep.sim.engine import ADMISSION_WINDOW_S, Engine, Schedule, SimRequest, admission_end
+from specsweep.sim.engine import Engine, Schedule, SimRequest
 from specsweep.sim.profile import Profile
 
 DEFAULT_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
-# A closed-loop client sends the next request a little after the previous one finished (its last chunk has
-# to be read, the next request written and parsed): ~3 ms for a Python client sharing 2 cores with the
-# server, measured with benchmarks/sim_timing.py. The new request joins the next step, not the one starting
-# at the instant its predecessor finished.
-CLIENT_TURNAROUND_S = 0.003
+# A closed-loop client sends the next request a little after the previous one finished (the server writes its
+# last chunk, the client reads it, writes the next request, the server parses it): ~2 ms for a Python client
+# sharing 2 cores with the server, measured with benchmarks/sim_timing.py (C=1, both arms). The new request joins
+# the next step, not the one starting at the instant its predecessor finished.
+CLIENT_TURNAROUND_S = 0.002
 # The workload when neither an option nor the profile's reference workload sets it: the pipeline's defaults
 # (workflow/schemas/config.schema.yaml, `workload:`; tests/unit/test_sim_predict.py keeps them equal).
 WORKLOAD_DEFAULTS: dict[str, Any] = {
@@ -144,7 +144,6 @@ def run_level(
     now = 0.0
     for _ in range(warmup_requests):
         engine.new_request(input_tokens, output_tokens, arrival=now)
-        now += ADMISSION_WINDOW_S
         while engine.has_work:
             now += engine.step(now).duration
         now += turnaround_s
@@ -174,7 +173,6 @@ def run_level(
             measured_rids.add(send(output_tokens, now, k, "measured").rid)
             left -= 1
             measured_open += 1
-    now += ADMISSION_WINDOW_S  # a burst at one instant: the admission window (engine.admission_end)
     pending: deque[tuple[float, int, str]] = deque()  # (arrival, slot, kind) of requests not yet in the engine
     step_ends: list[float] = []
     step_tokens: list[int] = []
@@ -182,7 +180,7 @@ def run_level(
     chunks: dict[int, list[tuple[float, int]]] = {}
     while engine.has_work or pending:
         if not engine.has_work:
-            now = admission_end([max(now, pending[0][0]), *(a for a, _, _ in list(pending)[1:])])
+            now = max(now, pending[0][0])  # an idle engine starts at the next arrival (engine.py)
         while pending and pending[0][0] <= now:
             at, slot, kind = pending.popleft()
             r = send(output_tokens, at, slot, kind)

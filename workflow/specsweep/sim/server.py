@@ -213,7 +213,7 @@ class SimServer:
             if not self.engine.has_work:
                 self._wake.clear()
                 await self._wake.wait()
-                await self._admission_window()
+                await self._take_arrivals()
                 next_start = None
             now = time.monotonic()
             if next_start is not None and now - next_start >= LAG_RESET_S:
@@ -232,7 +232,7 @@ class SimServer:
                 await asyncio.sleep(stall)
                 next_start = None
 
-    async def _admission_window(self) -> None:
+    async def _take_arrivals(self) -> None:
         """Take the arrivals of this instant: yield to the event loop, again while a pass brings another request
         (at most ADMISSION_MAX_S), so a burst forms one batch and a lone request starts its step at once
         (engine.py)."""

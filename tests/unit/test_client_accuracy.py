@@ -20,8 +20,8 @@ from specsweep.client.loadgen import measure_level
 from specsweep.client.prompts import level_prompts
 from specsweep.config import defaults
 from specsweep.measure.gates import summarize
+from specsweep.virtual.loadcheck import sim_process
 from tests.conftest import HOST_DISTURBED
-from tests.support.simprocess import sim_process
 
 # `alone`: the 1 ms check is of the client, so the test command runs it in its second phase, one test at a time;
 # beside another pytest-xdist worker the engine's stamps were disturbed and it skipped (CI, 2026-12-03)

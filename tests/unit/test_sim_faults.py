@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from specsweep.sim.faults import FaultConfig
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer
-from tests.support.simprocess import sim_process
+from specsweep.virtual.loadcheck import sim_process
 
 pytestmark = [pytest.mark.unit, pytest.mark.faults]
 

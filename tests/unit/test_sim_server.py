@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from specsweep.sim.profile import load_profile
 from specsweep.sim.server import SimServer, output_words, runner_of
-from tests.support.simprocess import sim_process
+from specsweep.virtual.loadcheck import sim_process
 
 pytestmark = pytest.mark.unit
 

@@ -140,10 +140,11 @@ async def closed_loop(
 
 
 @contextmanager
-def sim_server(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
-    """Start `python -m specsweep serve-sim --port 0 ARGS` in a subprocess; yield its URL; always stop it."""
+def sim_process(*args: str, timeout_s: float = 20.0) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Start `python -m specsweep serve-sim --host 127.0.0.1 --port 0 ARGS` in a subprocess; yield (process, URL);
+    always stop it, also when the caller fails. Not starting is an error (RuntimeError), never a skip."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep", "serve-sim", "--port", "0", *args],
+        [sys.executable, "-m", "specsweep", "serve-sim", "--host", "127.0.0.1", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -163,7 +164,7 @@ def sim_server(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
                 break
         if url is None:
             raise RuntimeError(f"sim server did not start (exit code {proc.poll()})")
-        yield url
+        yield proc, url
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -172,3 +173,10 @@ def sim_server(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def sim_server(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
+    """`sim_process`, yielding its URL only."""
+    with sim_process(*args, timeout_s=timeout_s) as (_, url):
+        yield url

@@ -323,10 +323,17 @@ def _metrics_block(
     return out
 
 
-def _tokens_in(token_s: np.ndarray, start: float, end: float) -> int:
-    """Tokens whose arrival lies in [start, end] (the window's tokens, as `metrics.tokens_between` counts)."""
-    with np.errstate(invalid="ignore"):
-        return int(np.count_nonzero((token_s >= start) & (token_s <= end)))
+def _token_since(send: np.ndarray, token_s: np.ndarray) -> np.ndarray:
+    """Where each token's interval starts (`metrics.chunk_since`): the record's previous token, the first's send."""
+    return np.column_stack([send, token_s[:, :-1]])
+
+
+def _tokens_in(send: np.ndarray, token_s: np.ndarray, start: float, end: float) -> float:
+    """The window's tokens in (start, end], as `metrics.tokens_between` counts them (one token a chunk)."""
+    has = np.isfinite(token_s)
+    since = _token_since(send, token_s)[has]
+    before, by_end = metrics.delivered_by(since, token_s[has], np.ones(since.size), np.array([start, end]))
+    return float(by_end - before)
 
 
 def _summary_from_arrays(
@@ -349,7 +356,7 @@ def _summary_from_arrays(
         m = run_repeat == r
         start, stop = metrics.steady_window(send[m], end[m], concurrency)
         steady = stop - start
-        tok_s = _tokens_in(token_s[m], start, stop) / steady if steady > 0 else None
+        tok_s = _tokens_in(send[m], token_s[m], start, stop) / steady if steady > 0 else None
         g = good & m
         block = _metrics_block(tok_s, (start, stop), cols["ttft"][g], cols["e2e"][g], cols["tpot"][g], cols["tok_s"][g])
         reps.append({"repeat": r, "metrics": block})
@@ -399,6 +406,7 @@ def correlated_cell(key: str, run: SimulatedRun, arm: str = "a") -> Cell:
         send,
         end,
         np.repeat(run.repeat, has.sum(axis=1)),
+        _token_since(send, run.token_s)[has],
         run.token_s[has],
         np.ones(int(has.sum())),
         run.repeat[meas],

@@ -17,6 +17,7 @@ from specsweep.measure.metrics import (
     per_request,
     repeat_metrics,
     steady_window,
+    tokens_between,
 )
 
 pytestmark = pytest.mark.unit
@@ -89,6 +90,19 @@ def test_tpot_undefined_for_one_token() -> None:
     assert m["ttft_ms"]["p50"] == pytest.approx(300.0)
 
 
+def test_a_boundary_step_counts_by_its_chunks_intervals_not_by_which_side_each_landed() -> None:
+    """Four streams step together every 0.1 s; the window ends at a step's end (1.0), where their chunks arrive
+    within 0.4 ms of each other. Whichever side of the edge each lands on, the closing step counts nearly whole
+    (the old count, each chunk in or out, read 1 to 4 tokens for it by that chance)."""
+    for late in (0.0, 0.0002, 0.0004):
+        streams = [
+            rec(0.0, [0.1 * k + (late * i if k == 10 else 0.0) for k in range(1, 11)], [1] * 10, 1.0, idx=i)
+            for i in range(4)
+        ]
+        got = tokens_between(pd.DataFrame(streams), 0.5, 1.0)
+        assert got == pytest.approx(20.0, abs=0.03), (late, got)  # steps ending at 0.6-1.0, four tokens each
+
+
 def test_itl_per_token_and_per_chunk() -> None:
     per_token, per_chunk = itl(cell().iloc[:2])
     # request 0: gap 0.1 carries 2 tokens -> 0.05, 0.05; gap 0.2 carries 1 -> 0.2. request 1: 0.1, 0.2, 0.1
@@ -102,7 +116,8 @@ def test_steady_window_throughput_and_concurrency() -> None:
     assert steady_window(df["send_s"], df["end_s"], 2) == pytest.approx((0.6, 1.0))
     m = repeat_metrics(df, 2, lag_samples=LAG_OK)
     assert m["steady_window_s"] == pytest.approx(0.4)
-    assert m["output_tok_s_steady"] == pytest.approx(10 / 0.4)  # chunks in [0.6, 1.0], both ends included
+    # two slots, a token each per 0.1 s: (0.6, 1.0] holds the steps ending at 0.7-1.0, not the one ending at 0.6
+    assert m["output_tok_s_steady"] == pytest.approx(8 / 0.4)
     assert m["achieved_concurrency"] == pytest.approx(2.0)
     assert m["output_tok_s_total"] == pytest.approx(20 / 1.2)
     assert m["duration_s"] == pytest.approx(1.2)

@@ -117,11 +117,9 @@ def test_prediction_is_the_metrics_of_its_own_records(speculative, concurrency, 
     assert m["request_tok_s"]["mean"] == pytest.approx(lp.per_request_tok_s, rel=1e-9)
     assert m["achieved_concurrency"] >= 0.95 * concurrency
     # Window tokens: a step's chunks all arrive at its end; the step ending at the window's start counts
-    # outside (a real client sees about half of it inside, and half of the closing step outside).
-    start, end = metrics.steady_window(df["send_s"], df["end_s"], concurrency)
-    tokens = metrics.tokens_between(df, start, end) - metrics.tokens_between(df, start, start)
-    assert tokens / (end - start) == pytest.approx(lp.aggregate_tok_s, rel=1e-12)
-    assert m["output_tok_s_steady"] == pytest.approx(lp.aggregate_tok_s, rel=0.02)
+    # outside, the closing one inside, in virtual time as in the metrics (each chunk over its interval; only a
+    # first token whose prefill spans the start counts in part). Was 2% apart when chunks counted whole.
+    assert m["output_tok_s_steady"] == pytest.approx(lp.aggregate_tok_s, rel=1e-4)
     # Ramp requests are excluded from the latencies: their (shorter) E2E would pull the mean down.
     e2e_all = (df["end_s"] - df["send_s"]).to_numpy()
     if concurrency > 1:

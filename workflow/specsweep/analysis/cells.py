@@ -70,7 +70,7 @@ class BlockLayout:
 
     block: np.ndarray  # int, per measured request: its block id, -1 outside every block
     block_repeat: np.ndarray  # int, per block: the repeat it belongs to
-    block_tokens: np.ndarray  # float, per block: output tokens whose chunk arrived inside it
+    block_tokens: np.ndarray  # float, per block: output tokens delivered inside it (`_tokens_per_block`)
     block_len_s: np.ndarray  # float, per block: its length in seconds
     windows: dict[int, tuple[float, float]]  # per repeat: the steady window [start, end] that was cut
     # throughput blocks (sized from the token series' autocorrelation; see TP_BLOCK_TAUS)
@@ -213,8 +213,8 @@ def infer_concurrency(df: Any) -> int:
 
 
 def _bins(t: np.ndarray, start: float, end: float, k: int) -> np.ndarray:
-    """Block index of each time in [start, end] cut into k equal blocks (the window is closed, as
-    `metrics.tokens_between` counts it; an inner edge belongs to the earlier block); -1 outside."""
+    """Block index of each request end time in [start, end] cut into k equal blocks (an inner edge belongs to the
+    earlier block); -1 outside. The blocks' tokens are `_tokens_per_block`'s, over the same edges."""
     with np.errstate(invalid="ignore"):
         idx = np.ceil((t - start) / (end - start) * k).astype(np.int64) - 1
     inside = np.isfinite(t) & (t >= start) & (t <= end)
@@ -241,16 +241,21 @@ def autocorrelation_time(x: np.ndarray) -> float:
     return max(1.0, tau)
 
 
-def _tokens_per_block(times: np.ndarray, tokens: np.ndarray, start: float, end: float, k: int) -> np.ndarray:
-    """Tokens delivered in each of k equal blocks of [start, end] (chunks outside count nowhere)."""
-    idx = _bins(times, start, end, k)
-    keep = idx >= 0
-    return np.bincount(idx[keep], weights=tokens[keep], minlength=k).astype(float)
+def _tokens_per_block(
+    since: np.ndarray, times: np.ndarray, tokens: np.ndarray, start: float, end: float, k: int
+) -> np.ndarray:
+    """Tokens delivered in each of k equal blocks of (start, end], each chunk's spread over its interval as
+    `metrics.tokens_between` counts the window's (the blocks' sum is its count)."""
+    edges = start + (end - start) * np.arange(k + 1) / k
+    return np.diff(metrics.delivered_by(since, times, tokens, edges))
 
 
 def _throughput_blocks(times: np.ndarray, tokens: np.ndarray, start: float, end: float) -> tuple[int, float]:
-    """(blocks, tau in seconds) for one repeat's window: TP_BLOCK_TAUS taus a block, MIN_BLOCKS..N_TP_BLOCKS."""
-    tau = autocorrelation_time(_tokens_per_block(times, tokens, start, end, FINE_BINS))
+    """(blocks, tau in seconds) for one repeat's window: TP_BLOCK_TAUS taus a block, MIN_BLOCKS..N_TP_BLOCKS.
+
+    tau is the arrivals' own: each chunk counted at its arrival (spread over its interval, a chunk would add its
+    interval to the series' correlation, and fewer, longer blocks would widen the interval for nothing)."""
+    tau = autocorrelation_time(_tokens_per_block(times, times, tokens, start, end, FINE_BINS))
     k = int(FINE_BINS / (TP_BLOCK_TAUS * tau))
     return max(MIN_BLOCKS, min(N_TP_BLOCKS, k)), tau * (end - start) / FINE_BINS
 
@@ -260,6 +265,7 @@ def block_layout(
     send_all: np.ndarray,
     end_all: np.ndarray,
     chunk_rep: np.ndarray,
+    chunk_since: np.ndarray,
     chunk_s: np.ndarray,
     chunk_tokens: np.ndarray,
     rep_meas: np.ndarray,
@@ -272,7 +278,8 @@ def block_layout(
     """Cut each repeat's steady window into blocks (see BlockLayout).
 
     `*_all` are every row of the records (ramp included: they decide where the window starts), `chunk_*` every
-    token-carrying chunk with its repeat, `*_meas` the measured requests (`busy_meas`: their send-to-end times).
+    token-carrying chunk with its repeat and where its interval starts (`metrics.chunk_since`), `*_meas` the
+    measured requests (`busy_meas`: their send-to-end times).
     The window is the summary's when given (`windows`), else `metrics.steady_window` of the repeat's rows. A
     repeat gets min(n_blocks, requests ending in its window / MIN_BLOCK_REQUESTS, window / (BLOCK_LIFETIMES x
     median lifetime)) blocks, but not fewer than MIN_BLOCKS; none when its requests do not allow MIN_BLOCKS.
@@ -299,7 +306,7 @@ def block_layout(
         cm = chunk_rep == r
         if np.count_nonzero(cm) >= FINE_BINS // 4:  # enough chunks for a token series
             kt, taus[r] = _throughput_blocks(chunk_s[cm], chunk_tokens[cm], start, end)
-            t_tok.append(_tokens_per_block(chunk_s[cm], chunk_tokens[cm], start, end, kt))
+            t_tok.append(_tokens_per_block(chunk_since[cm], chunk_s[cm], chunk_tokens[cm], start, end, kt))
             t_rep.append(np.full(kt, r, dtype=np.int64))
             t_len.append(np.full(kt, (end - start) / kt))
             used[r] = (float(start), float(end))
@@ -315,7 +322,7 @@ def block_layout(
             continue
         idx = _bins(end_meas[rows], start, end, k)
         block[rows] = np.where(idx >= 0, idx + next_id, -1)
-        b_tok.append(_tokens_per_block(chunk_s[cm], chunk_tokens[cm], start, end, k))
+        b_tok.append(_tokens_per_block(chunk_since[cm], chunk_s[cm], chunk_tokens[cm], start, end, k))
         b_rep.append(np.full(k, r, dtype=np.int64))
         b_len.append(np.full(k, (end - start) / k))
         used[r] = (float(start), float(end))
@@ -332,16 +339,6 @@ def block_layout(
         tp_block_len_s=cat(t_len) if t_len else np.empty(0),
         tau_s=taus,
     )
-
-
-def _flat_chunks(df: Any, rep_all: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(repeat, time, tokens) of every token-carrying chunk of every row, as flat arrays."""
-    times = [np.asarray(x if x is not None else [], dtype=float) for x in df["chunk_s"]]
-    toks = [np.asarray(x if x is not None else [], dtype=float) for x in df["chunk_tokens"]]
-    lengths = np.array([t.size for t in times], dtype=np.int64)
-    if lengths.sum() == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
-    return np.repeat(rep_all, lengths), np.concatenate(times), np.concatenate(toks)
 
 
 def request_arrays(
@@ -364,12 +361,13 @@ def request_arrays(
     send_all = df["send_s"].to_numpy(dtype=float)
     end_all = df["end_s"].to_numpy(dtype=float)
     c = int(concurrency) if concurrency is not None else infer_concurrency(df)
-    chunk_rep, chunk_s, chunk_tok = _flat_chunks(df, rep_all)
+    chunk_row, chunk_since, chunk_s, chunk_tok = metrics.flat_chunks(df)
     layout = block_layout(
         rep_all,
         send_all,
         end_all,
-        chunk_rep,
+        rep_all[chunk_row],
+        chunk_since,
         chunk_s,
         chunk_tok,
         rep_all[meas],

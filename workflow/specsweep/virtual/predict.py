@@ -232,9 +232,9 @@ def summarize_level(
     """The level's figures in the metrics module's definitions.
 
     Steady-window throughput counts the tokens of the steps that end inside (start, end]: in virtual time a
-    step's chunks all arrive at its end, and a real client sees about half of each boundary step's chunks
-    inside the window (the request that closes a boundary ends just after its own last chunk), so counting the
-    closing step and not the opening one is the same expectation as `metrics.tokens_between`."""
+    step's chunks all arrive at its end, and `metrics.tokens_between`, spreading each chunk over its interval
+    since the stream's previous one, counts a real client's closing step (nearly) whole and its opening one
+    (nearly) not."""
     reqs = level.requests
     sends, ends = level.sends, level.ends
     start, end = level.window()

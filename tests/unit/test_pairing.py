@@ -22,8 +22,10 @@ from specsweep.config import (
     AA_INSTANCE_ENV,
     ConfigError,
     aa_arms,
+    cell_spec,
     fixed_arms,
     pairing_mode,
+    policy_level_specs,
     policy_reference,
     speculative_arms,
     validate,
@@ -368,6 +370,30 @@ def test_the_policy_is_paired_with_the_best_fixed_arm() -> None:
     assert policy_reference(served, 4) == "eagle3-k3"
     assert policy_reference(served, 30.0) == "baseline"
     assert policy_reference(served, 8) is None  # no valid fixed cell there: the policy is measured alone
+
+
+def test_a_policy_level_measured_until_its_proof_is_decided_shares_its_precision() -> None:
+    served = {"schedule": [[1, 16, 3], [17, 1024, 0]], "best_fixed": {"4": "eagle3"}}
+    plain = validate(BASE_CONFIG)
+    specs = policy_level_specs(plain, "sim", "eagle3-policy", 4, served)
+    assert list(specs) == ["eagle3", "eagle3-policy"]  # the reference first: interleave.run_level's order
+    assert specs["eagle3-policy"] == cell_spec(plain, "sim", "eagle3-policy", 4, served)  # no key: identity kept
+    assert "proof_margin" not in specs["eagle3"]["precision"]
+    asked = validate({**BASE_CONFIG, "policy": {"max_rounds": 8}})
+    specs = policy_level_specs(asked, "sim", "eagle3-policy", 4, served)
+    assert specs["eagle3"]["precision"] == specs["eagle3-policy"]["precision"]  # check_specs asks one block
+    assert specs["eagle3-policy"]["precision"]["max_rounds"] == 8
+    assert specs["eagle3-policy"]["precision"]["proof_margin"] == 0.02
+    assert cell_spec(asked, "sim", "eagle3", 4) == cell_spec(plain, "sim", "eagle3", 4)  # fixed cells: as before
+    assert interleave.check_specs(specs)[0] == 4
+    # it adds rounds, never grows its blocks: prompts are made for the rounds it may measure at their own size
+    rounds = interleave.level_rounds(specs["eagle3-policy"], 1, rule=lambda progress: None)  # type: ignore[arg-type]
+    assert (rounds.max_rounds, rounds.max_growth) == (8, 1)
+    grid = interleave.level_rounds(cell_spec(asked, "sim", "eagle3", 4), 1, rule=lambda progress: None)  # type: ignore[arg-type]
+    assert grid.max_growth > 1
+    assert list(policy_level_specs(asked, "sim", "eagle3-policy", 8, served)) == ["eagle3-policy"]  # alone
+    with pytest.raises(ConfigError, match="policy/max_rounds.*set precision.target"):
+        validate({**BASE_CONFIG, "policy": {"max_rounds": 8}, "precision": {"target": None}})
 
 
 def test_a_policy_reference_goes_beside_the_policy_cell(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from specsweep.analysis.precision import (
     components,
     next_step,
     precision_notes,
+    proof_decided,
     verdict_decided,
 )
 from specsweep.measure.interleave import judged_after
@@ -255,6 +256,29 @@ def test_a_level_near_one_or_off_or_with_an_undecided_k_choice_goes_on() -> None
     assert verdict_decided({"k3": far, "k1": k1}, st.decide_margin, st.confidence, st.looks) is not None
     # the stop spends 5% over the looks, at most four of them (98.75% intervals), however many max_rounds allows
     assert settings(decide_margin=0.02, max_rounds=40).looks == 4  # at most VERDICT_LOOKS
+
+
+def test_a_policy_level_measures_until_its_proof_is_decided_not_until_its_width_is_met() -> None:
+    # an A/A pair (the policy serving the fixed arm's own K): +-1.4% after four rounds, well within the +-5%
+    # target, but its interval reaches below 1 - 2%: the proof is not decided, so the level goes on
+    st = settings(min_rounds=4, max_rounds=8, proof_margin=0.02)
+    assert st.looks == 3  # rounds 4, 6, 8: 98.3% intervals
+    straddles = estimate(rounds([-0.008, 0.002, -0.024, 0.0], 4e-6))
+    assert proof_decided({"policy": straddles}, 0.02, st.confidence, st.looks) is None
+    nxt = next_step(straddles, st, cost(4), 1, 4)
+    assert not nxt.stop, nxt
+    # the same level without the proof stop: its width alone stops it at four rounds, undecided
+    assert next_step(straddles, settings(min_rounds=4, max_rounds=8), cost(4), 1, 4).reason.startswith("target met")
+    holds = estimate(rounds([-0.002, 0.003, -0.004, 0.001, 0.0, -0.001], 4e-6))
+    decided = proof_decided({"policy": holds}, 0.02, st.confidence, st.looks)
+    assert decided is not None and "above 1 - 2%" in decided and "95% over 3 looks" in decided, decided
+    nxt = next_step(holds, st, cost(6), 1, 4, decided)
+    assert nxt.stop and nxt.reason.startswith(VERDICT_DECIDED), nxt
+    fails = estimate(rounds([-0.08, -0.07, -0.09, -0.08], 4e-6))  # ~0.92: wholly below 0.98
+    assert "below 1 - 2%" in (proof_decided({"policy": fails}, 0.02, st.confidence, st.looks) or "")
+    # undecided at the budget: the level says so
+    spent = next_step(straddles, st, cost(8), 1, 4)
+    assert spent.stop and spent.reason.startswith(BUDGET_SPENT), spent
 
 
 def test_decided_levels_are_named_apart_from_short_ones() -> None:

@@ -28,6 +28,7 @@ from specsweep.config import (
     load_mode,
     parse_level,
     policy_arms,
+    policy_level_specs,
     preflight_spec,
     requests_for,
     slurm_resources,
@@ -210,10 +211,7 @@ def paired_policy_specs_json(wildcards):
     blocks, as the proof's pair); the policy arm alone where no fixed cell of the level was valid."""
     served = policy_entry(wildcards.variant, wildcards.arm)
     c = parse_level(wildcards.level)[1]
-    spec = cell_spec(config, wildcards.variant, wildcards.arm, c, served)
-    ref = spec["pairing"]["reference"]
-    specs = {ref: cell_spec(config, wildcards.variant, ref, c)} if ref else {}
-    return dumps({**specs, wildcards.arm: spec})
+    return dumps(policy_level_specs(config, wildcards.variant, wildcards.arm, c, served))
 
 
 def instance_spec_json(wildcards):

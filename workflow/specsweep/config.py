@@ -527,6 +527,11 @@ def _expand_arms(config: dict[str, Any]) -> None:
             parse_schedule(schedule)
         except ValueError as e:
             raise ConfigError(f"config error at 'policy/schedules/{family}': {e}") from None
+    if config["policy"].get("max_rounds") is not None and config["precision"].get("target") is None:
+        raise ConfigError(
+            "config error at 'policy/max_rounds': a policy level adds rounds to the sequential rounds of "
+            "precision.target, which is null: set precision.target (e.g. 0.05) or remove policy.max_rounds"
+        )
     config["arms"] = expanded
 
 
@@ -704,6 +709,37 @@ def policy_reference(served: dict[str, Any], level: float) -> str | None:
     return (served.get("best_fixed") or {}).get(f"{float(level):g}")
 
 
+def proof_precision(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The precision block of a policy level's two cells where `policy.max_rounds` is set: rounds are added until
+    the proof is decided at `proof_margin` (`analysis.precision.proof_decided`), not until the width target is
+    met; None where it is not set (a policy level measures as a fixed arms' level)."""
+    most = (config.get("policy") or {}).get("max_rounds")
+    if most is None or config["precision"].get("target") is None:
+        return None
+    precision = _precision_key(config)
+    return {
+        **precision,
+        "max_rounds": max(int(most), int(precision["min_rounds"])),
+        "proof_margin": float(config["policy"]["margin"]),
+    }
+
+
+def policy_level_specs(
+    config: dict[str, Any], variant: str, arm: str, concurrency: int, served: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """A policy level's cell specs, reference arm first (`policy_reference`: measured with it in interleaved
+    blocks, the proof's pair), then the policy arm; the policy arm alone where no fixed cell of the level was valid.
+    Both arms of an interleaved level share one precision block, so the reference takes the policy's."""
+    spec = cell_spec(config, variant, arm, concurrency, served)
+    ref = spec["pairing"]["reference"]
+    if not ref:
+        return {arm: spec}
+    ref_spec = cell_spec(config, variant, ref, concurrency)
+    if "precision" in spec:
+        ref_spec["precision"] = spec["precision"]
+    return {ref: ref_spec, arm: spec}
+
+
 def instances(config: dict[str, Any], variant: str) -> int:
     """Server instances per fixed arm of a sequential variant (`pairing.instances`), measured in segments; 1
     where arms interleave (their level jobs hold every instance at once: `interleaved_instances`) or the load
@@ -866,6 +902,9 @@ def cell_spec(
         spec["n_requests"] = requests_for(config, int(concurrency))
         # measured in interleaved blocks with the best fixed arm at this level (None: none was valid)
         spec["pairing"] = {"mode": "interleaved", "reference": ref, **_instances_key(config, variant)}
+        proof = proof_precision(config)
+        if proof is not None:  # measured until its proof is decided (a key only where asked: identities stay)
+            spec["precision"] = proof
         return spec
     if mode != "closed":
         return {

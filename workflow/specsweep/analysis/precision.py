@@ -63,6 +63,8 @@ class PrecisionSettings:
     max_block_growth: int  # the largest block, in multiples of the configured requests per block
     confidence: float = 0.95
     decide_margin: float | None = None  # stop once every arm's verdict is outside 1 +- this (None: width only)
+    # a policy level's (`config.proof_precision`): stop once its proof is decided at this margin, not on the width
+    proof_margin: float | None = None
     level_s_from: str = "max_level_s"  # what set max_level_s: the level's own, or the run's budget (its share)
 
     @classmethod
@@ -76,6 +78,7 @@ class PrecisionSettings:
             max_block_growth=int(precision["max_block_growth"]),
             # a cell's spec holds it only where it is not the default (`config._precision_key`)
             decide_margin=precision.get("decide_margin", defaults("precision")["decide_margin"]),
+            proof_margin=precision.get("proof_margin"),
         )
 
     @property
@@ -371,7 +374,8 @@ def next_step(
     if settings.target is None:
         return Next(True, "fixed rounds", growth)
     hw = stop_width(pe, settings.confidence) if pe is not None else float("nan")
-    if math.isfinite(hw) and hw <= settings.target:
+    # a proof's width says nothing of its decision: an A/A pair at +-1.7% may still straddle 1 - margin
+    if settings.proof_margin is None and math.isfinite(hw) and hw <= settings.target:
         return Next(True, f"target met: +-{hw:.1%} <= +-{settings.target:.0%}", growth)
     if decided is not None:
         return Next(True, f"{VERDICT_DECIDED} {decided}", growth)
@@ -379,9 +383,11 @@ def next_step(
         return Next(True, f"{BUDGET_SPENT} max_rounds {settings.max_rounds}", growth)
     comp = components(pe.rounds) if pe is not None and pe.rounds is not None else None
     largest = min(max_growth, settings.max_block_growth)
-    nxt = block_growth(comp, cost, growth, largest)
+    # a proof's pair shares its blocks' prompts, so what larger blocks average cancels in it: rounds, not blocks
+    proof = settings.proof_margin is not None
+    nxt = growth if proof else block_growth(comp, cost, growth, largest)
     if settings.max_level_s is not None:
-        if pe is not None and comp is not None and math.isfinite(pe.log_se):
+        if not proof and pe is not None and comp is not None and math.isfinite(pe.log_se):
             nxt = budgeted_growth(pe, comp, cost, growth, largest, settings) or nxt
         per_request_s = (cost.seconds[-1] - cost.overhead_s) / cost.requests[-1]
         next_s = cost.overhead_s + per_request_s * cost.requests[-1] * nxt / growth
@@ -426,6 +432,35 @@ def verdict_decided(
         for arm, (s, lo, hi) in bounds.items()
     )
     return f"{shown} ({conf:.1%} intervals: {confidence:.0%} over {n_looks} looks)"
+
+
+def proof_decided(
+    estimates: dict[str, PairedEstimate | None], margin: float, confidence: float, n_looks: int
+) -> str | None:
+    """Whether a policy level's proof is known, and how it reads; None where it is not. Known: the policy arm's
+    interval against its reference (the best fixed arm, measured with it), at the confidence `verdict_decided`
+    uses (the error rate spread over the looks), lies wholly at or above 1 - margin (holds) or wholly below it
+    (fails), as `analysis.proof.judge` reads the 95% one. The interval is the rounds' own, as the proof's: the
+    width stop's floor of the blocks' noise (`stop_width`) adds both arms' sampling noise of the round's prompts,
+    which the pair shares and cancels (a demo run's A/A levels: +-0.1-1.4% on their rounds, +-1.2-7% with the
+    floor). A level of the rule's own caution (inside the crossover interval) is judged there against a lower
+    floor, which the measuring job does not know: such a level reads "fails" here or measures to its budget
+    (cheap levels: they sit at the crossover)."""
+    conf = 1 - (1 - confidence) / max(1, n_looks)
+    floor = 1.0 - margin
+    shown = []
+    for arm, pe in estimates.items():
+        hw = pe.half_width(conf) if pe is not None else math.nan
+        if pe is None or not math.isfinite(hw):
+            return None
+        lo, hi = pe.speedup / (1 + hw), pe.speedup * (1 + hw)
+        if hi >= floor > lo:
+            return None
+        side = "above" if lo >= floor else "below"
+        shown.append(f"{arm} {pe.speedup:.3g} [{lo:.3g}, {hi:.3g}] {side} 1 - {margin:.0%}")
+    if not shown:
+        return None
+    return f"proof {', '.join(shown)} ({conf:.1%} intervals: {confidence:.0%} over {n_looks} looks)"
 
 
 def next_pair(
@@ -489,7 +524,10 @@ class LevelRule:
         widest = widest_estimate(estimates, self.settings.confidence)
         cost = RoundCost(progress.round_s, progress.round_requests, float(np.mean(progress.round_overhead_s)))
         st = self.settings_now()
-        decided = verdict_decided(estimates, st.decide_margin, st.confidence, st.looks)
+        if st.proof_margin is not None:
+            decided = proof_decided(estimates, st.proof_margin, st.confidence, st.looks)
+        else:
+            decided = verdict_decided(estimates, st.decide_margin, st.confidence, st.looks)
         return next_step(widest, st, cost, progress.growth, progress.max_growth, decided)
 
 

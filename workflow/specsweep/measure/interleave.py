@@ -469,6 +469,8 @@ def level_rounds(spec: dict[str, Any], repeats: int, rule: RoundRule | None) -> 
     cap = spec["workload"]["requests"].get("max")
     room = int(cap) // int(spec["n_requests"]) if cap else int(precision["max_block_growth"])
     growth = max(1, min(int(precision["max_block_growth"]), room))
+    if precision.get("proof_margin") is not None:  # a policy level adds rounds, never grows its blocks
+        growth = 1  # (`analysis.precision.next_step`): no prompts are made for blocks it will not measure
     return Rounds(least, most, rule, growth, float(precision["target"]))
 
 

@@ -391,7 +391,10 @@ def test_a_policy_level_measured_until_its_proof_is_decided_shares_its_precision
     assert (rounds.max_rounds, rounds.max_growth) == (8, 1)
     grid = interleave.level_rounds(cell_spec(asked, "sim", "eagle3", 4), 1, rule=lambda progress: None)  # type: ignore[arg-type]
     assert grid.max_growth > 1
-    assert list(policy_level_specs(asked, "sim", "eagle3-policy", 8, served)) == ["eagle3-policy"]  # alone
+    alone = policy_level_specs(asked, "sim", "eagle3-policy", 8, served)  # no valid fixed cell: no pair to decide
+    assert list(alone) == ["eagle3-policy"] and alone["eagle3-policy"] == cell_spec(
+        plain, "sim", "eagle3-policy", 8, served
+    )
     with pytest.raises(ConfigError, match="policy/max_rounds.*set precision.target"):
         validate({**BASE_CONFIG, "policy": {"max_rounds": 8}, "precision": {"target": None}})
 

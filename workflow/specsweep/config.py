@@ -903,8 +903,8 @@ def cell_spec(
         # measured in interleaved blocks with the best fixed arm at this level (None: none was valid)
         spec["pairing"] = {"mode": "interleaved", "reference": ref, **_instances_key(config, variant)}
         proof = proof_precision(config)
-        if proof is not None:  # measured until its proof is decided (a key only where asked: identities stay)
-            spec["precision"] = proof
+        if proof is not None and ref:  # measured until its proof is decided (a key only where asked: identities
+            spec["precision"] = proof  # stay); alone, it has no pair to decide and measures as a fixed level
         return spec
     if mode != "closed":
         return {

@@ -266,7 +266,7 @@ def test_a_policy_level_measures_until_its_proof_is_decided_not_until_its_width_
     straddles = estimate(rounds([-0.008, 0.002, -0.024, 0.0], 4e-6))
     assert proof_decided({"policy": straddles}, 0.02, st.confidence, st.looks) is None
     nxt = next_step(straddles, st, cost(4), 1, 4)
-    assert not nxt.stop, nxt
+    assert not nxt.stop and nxt.reason.startswith("proof not decided") and nxt.growth == 1, nxt
     # the same level without the proof stop: its width alone stops it at four rounds, undecided
     assert next_step(straddles, settings(min_rounds=4, max_rounds=8), cost(4), 1, 4).reason.startswith("target met")
     holds = estimate(rounds([-0.002, 0.003, -0.004, 0.001, 0.0, -0.001], 4e-6))

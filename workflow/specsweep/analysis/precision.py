@@ -394,6 +394,9 @@ def next_step(
         ahead = min(CYCLE_ROUNDS, settings.max_rounds - n)  # the next look is after a whole cycle
         if sum(cost.seconds) + ahead * next_s > settings.max_level_s:
             return Next(True, f"{BUDGET_SPENT} {settings.level_s_from} {settings.max_level_s:.0f} s", growth)
+    if proof:  # its width may be within the target: what goes on is the proof
+        ratio = f" {pe.speedup:.3g}" if pe is not None else ""
+        return Next(False, f"proof not decided:{ratio}, its interval reaches 1 - {settings.proof_margin:.0%}", nxt)
     return Next(False, f"+-{hw:.1%} > +-{settings.target:.0%}", nxt)
 
 
